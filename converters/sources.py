@@ -122,10 +122,10 @@ class HFSafetensorsSource:
         return self._infos
 
     def load(self, name: str) -> torch.Tensor:
-        # A fresh mapping per tensor: its pages leave our RSS when it is closed, which keeps
-        # peak memory at a few tensors however large the checkpoint is.
+        # A fresh mapping per tensor: get_tensor copies out of the mapping, and closing it
+        # drops the mapped pages from our RSS, so peak memory stays near one tensor.
         with safe_open(self._where[name], framework="pt") as f:
-            return f.get_tensor(name).clone()
+            return f.get_tensor(name)
 
     def files(self) -> list[Path]:
         return [self.root / "config.json", *self._shards]

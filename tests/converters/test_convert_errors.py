@@ -1,0 +1,165 @@
+"""Bad input to `trtbuild convert`: exit code 2, one line saying what to do, OUT untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+
+def run_convert(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "convert", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp dir left behind"
+
+
+@pytest.fixture
+def hf_copy(tiny_model_dir, tmp_path) -> Path:
+    """A private copy of the tiny llama dir that a test may damage."""
+    src = tiny_model_dir("llama")
+    dst = tmp_path / "hf"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_missing_config(hf_copy, tmp_path):
+    (hf_copy / "config.json").unlink()
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "no config.json")
+
+
+def test_missing_source(tmp_path):
+    assert_user_error(run_convert(tmp_path / "nope", tmp_path / "out"), tmp_path / "out", "does not exist")
+
+
+def test_unknown_model_type_lists_supported(hf_copy, tmp_path):
+    config = json.loads((hf_copy / "config.json").read_text())
+    (hf_copy / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    proc = run_convert(hf_copy, tmp_path / "out")
+    assert_user_error(proc, tmp_path / "out", "'mamba'", "supported:", "gemma2", "gemma3", "llama", "mistral",
+                      "phi3", "qwen2", "qwen3")
+
+
+def test_truncated_safetensors(hf_copy, tmp_path):
+    weights = hf_copy / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "truncated or corrupt")
+
+
+def test_corrupt_safetensors_header(hf_copy, tmp_path):
+    weights = hf_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:20] = b"not json at all"[:12]
+    weights.write_bytes(bytes(data))
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "not a valid safetensors")
+
+
+def test_shape_disagrees_with_config(hf_copy, tmp_path):
+    config = json.loads((hf_copy / "config.json").read_text())
+    (hf_copy / "config.json").write_text(json.dumps({**config, "intermediate_size": 100}))
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "shape", "disagree")
+
+
+def test_pickle_only_checkpoint_is_refused_unopened(hf_copy, tmp_path):
+    (hf_copy / "model.safetensors").unlink()
+    marker = tmp_path / "unpickled"
+    # if anything unpickled this file, it would create `marker`
+    payload = pickle.dumps(_Trap(str(marker)))
+    (hf_copy / "pytorch_model.bin").write_bytes(payload)
+    proc = run_convert(hf_copy, tmp_path / "out")
+    assert_user_error(proc, tmp_path / "out", "pickle", "safetensors")
+    assert not marker.exists()
+
+
+class _Trap:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_unreadable_gguf(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(os.urandom(4096))
+    assert_user_error(run_convert(bad, tmp_path / "out"), tmp_path / "out", "GGUF")
+
+
+def test_out_exists_needs_force(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = run_convert(tiny_model_dir("llama"), out)
+    assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    proc = run_convert(tiny_model_dir("llama"), out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "keep.txt").exists() and (out / "rank0.safetensors").is_file()
+
+
+def test_bad_dtype_flag(tiny_model_dir, tmp_path):
+    assert_user_error(run_convert(tiny_model_dir("llama"), tmp_path / "out", "--dtype", "int3"),
+                      tmp_path / "out", "--dtype")
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "engine_builder.cli", "--debug", "convert",
+                           str(tmp_path / "nope"), str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_dry_run_writes_nothing(tiny_model_dir, tmp_path):
+    proc = run_convert(tiny_model_dir("qwen2"), tmp_path / "out", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(proc.stdout)
+    qkv = next(r for r in table["tensors"] if r["canonical"] == "layers.0.attn.qkv.bias")
+    assert qkv["sources"] == [f"model.layers.0.self_attn.{p}_proj.bias" for p in "qkv"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_during_write_leaves_nothing(tmp_path):
+    """SIGINT once the temp dir exists: exit 2, no OUT, no temp dir."""
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in transformers.LlamaForCausalLM(config).state_dict().items()}
+    (tmp_path / "hf").mkdir()
+    config.save_pretrained(tmp_path / "hf")
+    save_file({k: torch.zeros(s) for k, s in shapes.items()}, tmp_path / "hf" / "model.safetensors")
+    out = tmp_path / "out"
+    # float32 -> bfloat16 makes every tensor pass through a conversion: slow enough to interrupt
+    proc = subprocess.Popen([sys.executable, "-m", "engine_builder.cli", "convert", str(tmp_path / "hf"),
+                             str(out), "--dtype", "bfloat16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not any((p / "rank0.safetensors").exists() for p in tmp_path.glob(".out.tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "convert ended before it could be interrupted"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.*"))
