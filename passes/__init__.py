@@ -1,6 +1,6 @@
 """Graph rewrite passes. Importing this package registers every pass (file name == pass name)."""
 
-from passes import eliminate_dead_code, fold_constants, remove_redundant_ops  # noqa: F401
+from passes import eliminate_dead_code, fold_constants, fuse_gate_up, fuse_qkv, remove_redundant_ops  # noqa: F401
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes
 
 __all__ = ["Pass", "PassManager", "PassResult", "get_pass", "register_pass", "registered_passes"]
