@@ -1,6 +1,13 @@
 """Graph rewrite passes. Importing this package registers every pass (file name == pass name)."""
 
-from passes import eliminate_dead_code, fold_constants, fuse_gate_up, fuse_qkv, remove_redundant_ops  # noqa: F401
+from passes import (  # noqa: F401
+    eliminate_dead_code,
+    fold_constants,
+    fuse_gate_up,
+    fuse_qkv,
+    fuse_rms_norm,
+    remove_redundant_ops,
+)
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes
 
 __all__ = ["Pass", "PassManager", "PassResult", "get_pass", "register_pass", "registered_passes"]

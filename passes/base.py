@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchingTracer, MatchStatus
+from onnxscript.rewriter.pattern import MatchingTracer, MatchStatus
 
 from engine_builder.errors import ConfigError
 
