@@ -6,6 +6,7 @@ from passes import (  # noqa: F401
     fuse_gate_up,
     fuse_qkv,
     fuse_rms_norm,
+    fuse_rotary,
     remove_redundant_ops,
 )
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes

@@ -18,10 +18,12 @@ INPUT_LIMIT = 65536
 
 
 def _small_inputs_only(node: ir.Node) -> bool | None:
-    """Never fold a node that reads a large constant: onnxscript exempts Transpose of an
-    initializer from its size limits, which would copy a weight into the graph."""
+    """Never fold a node that reads a weight (external data) or a large constant: onnxscript
+    exempts Transpose of an initializer from its size limits, which would copy the weight
+    into model.onnx instead of leaving it in rank0.safetensors."""
     for value in node.inputs:
-        if value is not None and value.const_value is not None and value.const_value.size > INPUT_LIMIT:
+        const = value.const_value if value is not None else None
+        if const is not None and (isinstance(const, ir.ExternalTensor) or const.size > INPUT_LIMIT):
             return False
     return None
 
