@@ -148,6 +148,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
 
+    load_at_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="trtbuild-bench-") as tmp:
         src, out, dst = Path(tmp, "src"), Path(tmp, "ckpt"), Path(tmp, "cp")
         src.mkdir()
@@ -191,6 +192,11 @@ def main() -> int:
         "peak_rss_over_largest_tensor": round(peak_above / largest, 2),
         "trtbuild_process_max_rss_bytes": med(r.max_rss_bytes for r, _ in trt),
         "cp_process_max_rss_bytes": med(c.max_rss_bytes for c in cps),
+        # every run, so noise on a shared VM shows
+        "trtbuild_wall_s_each": [round(r.seconds, 3) for r, _ in trt],
+        "cp_wall_s_each": [round(c.seconds, 3) for c in cps],
+        # other work on the box skews a CPU-bound tool (trtbuild) more than an in-kernel one (cp)
+        "loadavg_1m_at_start": load_at_start,
         "process_rss_source": "/usr/bin/time %M" if GNU_TIME else "os.wait4 (includes this script's RSS)",
     }
     if args.json:
@@ -200,10 +206,12 @@ def main() -> int:
     print(f"checkpoint: {src_bytes / 1e9:.2f} GB llama bf16, {layers} layers, 2 shards, "
           f"largest tensor {largest / mb:.0f} MB (generated in {gen_seconds:.1f} s)")
     print(f"page cache: warm — not dropped; one untimed warm-up of each tool, then {args.runs} "
-          f"alternating runs; medians below")
+          f"alternating runs; medians below "
+          f"(1-min load average at start {load_at_start} on {os.cpu_count()} CPUs)")
     print(f"  trtbuild convert  {figures['trtbuild_mb_per_s']:8.1f} MB/s  {trt_wall:7.2f} s wall "
           f"(convert() alone: {figures['trtbuild_internal_mb_per_s']} MB/s, {figures['trtbuild_internal_s']} s)")
     print(f"  cp -r             {figures['cp_mb_per_s']:8.1f} MB/s  {cp_wall:7.2f} s wall")
+    print(f"  (each run, s: trtbuild {figures['trtbuild_wall_s_each']}, cp {figures['cp_wall_s_each']})")
     print(f"  ratio trtbuild/cp {figures['ratio_trtbuild_over_cp']:8.3f}")
     print(f"  peak RSS above baseline (convert JSON) {peak_above / mb:.0f} MB = "
           f"{figures['peak_rss_over_largest_tensor']}× largest tensor (target ≤ 3×)")

@@ -14,8 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from converters.base import Plan, TensorInfo, get_converter, plan_conversion
 from converters.safetensors_writer import StreamingSafetensorsWriter
 from converters.sources import Source, open_source
@@ -25,7 +23,7 @@ from engine_builder.config import CheckpointConfig, ModelConfig, SourceFile, Sou
 from engine_builder.errors import InputError, UnsupportedError
 from engine_builder.memory import PeakRss
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # dtype -> bytes per element
 WEIGHTS_FILE = "rank0.safetensors"
 
 
@@ -38,7 +36,7 @@ class ConversionPlan:
 
     @property
     def total_bytes(self) -> int:
-        size = DTYPES[self.dtype].itemsize
+        size = DTYPES[self.dtype]
         return sum(_numel(t.shape) * size for t in self.plan.tensors)
 
 
@@ -107,27 +105,21 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
     started = time.perf_counter()
     peak = PeakRss()
     cp = plan(src, dtype)
-    target = DTYPES[cp.dtype]
-    # hashing runs beside the conversion: hashlib releases the GIL on large buffers
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    itemsize = DTYPES[cp.dtype]
+    infos = cp.source.tensor_infos()
+    # hashing runs beside the conversion, a shard per thread: hashlib releases the GIL on
+    # large buffers, and the unchanged-dtype copy itself runs in the kernel
+    with ThreadPoolExecutor(max_workers=2) as pool:
         hashes = {p: pool.submit(_sha256, p) for p in cp.source.files()}
         with atomic_output_dir(out, force) as tmp:
-            layout = [(t.name, target, t.shape) for t in cp.plan.tensors]
-            largest = 0
+            layout = [(t.name, cp.dtype, t.shape) for t in cp.plan.tensors]
+            largest = max(_numel(t.shape) * itemsize for t in cp.plan.tensors)
             with StreamingSafetensorsWriter(tmp / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
                 for t in cp.plan.tensors:
-                    largest = max(largest, _numel(t.shape) * target.itemsize)
                     for name in t.sources:
-                        part = cp.source.load(name)  # [rows, ...] one source tensor
-                        if not part.is_floating_point():
-                            raise UnsupportedError(
-                                f"tensor {name!r} is {part.dtype}; pre-quantized checkpoints are "
-                                f"not supported yet, convert the unquantized model")
-                        part = part.to(target)
-                        writer.append(t.name, part)
+                        _write_part(cp.source, writer, t.name, name, infos[name].dtype, cp.dtype)
                         if progress:
-                            progress(part.numel() * target.itemsize, cp.total_bytes)
-                        del part
+                            progress(_numel(infos[name].shape) * itemsize, cp.total_bytes)
             tokenizer_files = cp.source.write_tokenizer(tmp)
             if "generation_config.json" not in tokenizer_files:
                 if _write_generation_config(tmp, cp.source.hf_config):
@@ -147,6 +139,23 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
         tensors=len(cp.plan.tensors), bytes=total, largest_tensor_bytes=largest, seconds=round(seconds, 3),
         mb_per_s=round(total / 1e6 / seconds, 1), peak_rss_bytes=peak.above_baseline(),
         dropped=cp.plan.dropped, tokenizer_files=tuple(tokenizer_files))
+
+
+def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: str, name: str,
+                source_dtype: str, dtype: str) -> None:
+    """Append source tensor `name` to `canonical`: a kernel file-to-file copy when it is stored
+    as-is in the right dtype, otherwise load it (one tensor in memory) and cast."""
+    if source_dtype not in DTYPES:
+        raise UnsupportedError(
+            f"tensor {name!r} is {source_dtype}; pre-quantized checkpoints are not supported yet, "
+            f"convert the unquantized model")
+    raw = source.raw_range(name) if source_dtype == dtype else None
+    if raw is not None:
+        writer.append_range(canonical, *raw)
+        return
+    import torch  # only casts and dequantization need it
+
+    writer.append(canonical, source.load(name).to(getattr(torch, dtype)))  # [rows, ...]
 
 
 def _write_generation_config(out: Path, hf: dict) -> bool:

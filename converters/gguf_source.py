@@ -75,24 +75,26 @@ class GGUFSource:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._reader = _open_reader(self.path)
-        arch = _field(self._reader, "general.architecture")
+        # Only the reader's tensor table is kept: its parsed metadata (one numpy array per vocab
+        # entry and merge) costs ~150 MB for a 49k vocab and is freed when __init__ returns.
+        reader = _open_reader(self.path)
+        arch = _field(reader, "general.architecture")
         if not isinstance(arch, str):
             raise InputError(f"{self.path} has no general.architecture in its metadata; "
                              f"re-export it with llama.cpp's convert_hf_to_gguf.py")
         self.architecture = arch
         self._fixup = _check_architecture(self.path, arch)
-        _check_dequantizable(self.path, self._reader)
+        _check_dequantizable(self.path, reader)
 
         raw_config = _transformers_config(self.path)
         self._special_ids = {k: raw_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                              if raw_config.get(k) is not None}
-        self._fixup_config = raw_config
+        self._raw_config = raw_config
         self.hf_config, hf_names = _hf_config_and_names(self.path, raw_config)
 
         gguf_to_hf = _gguf_to_hf_names(arch, raw_config.get("num_hidden_layers", 0), hf_names)
         self._tensors: dict[str, Any] = {}  # HF name -> gguf ReaderTensor (a view of the memmap)
-        for t in self._reader.tensors:
+        for t in reader.tensors:
             if t.name in _ROPE_TABLES:
                 raise UnsupportedError(
                     f"{self.path} stores rope scaling as tensor {t.name!r}, which transformers' GGUF "
@@ -114,9 +116,12 @@ class GGUFSource:
         from gguf.quants import dequantize
 
         t = self._tensors[name]
-        w = self._fixup(t.name, dequantize(t.data, t.tensor_type), self._fixup_config)
+        w = self._fixup(t.name, dequantize(t.data, t.tensor_type), self._raw_config)
         # An owned, writable float32 copy: F32 tensors come back as read-only views of the memmap.
         return torch.from_numpy(np.require(w, np.float32, ["C", "W", "O"]))
+
+    def raw_range(self, name: str) -> None:
+        return None  # every GGUF tensor is dequantized, never copied as stored
 
     def files(self) -> list[Path]:
         return [self.path]
@@ -161,11 +166,14 @@ def _open_reader(path: Path) -> Any:
     except OSError as exc:
         raise InputError(f"cannot read {path} ({exc.strerror or exc}); check the path and permissions") from exc
     except Exception as exc:  # the parser meets untrusted bytes: any failure means a bad file
-        raise InputError(f"{path} is not a valid GGUF file ({type(exc).__name__}: {exc}); {hint}") from exc
+        with open(path, "rb") as f:
+            what = "is truncated or corrupt" if f.read(4) == b"GGUF" else "is not a GGUF file (no GGUF magic)"
+        raise InputError(f"{path} {what} ({type(exc).__name__}: {exc}); {hint}") from exc
     for t in reader.tensors:
-        # GGUFReader slices its memmap without bounds checks: a cut file yields short tensors
+        # GGUFReader slices its memmap without bounds checks; today a short slice fails its reshape
+        # above, but do not rely on that to catch a cut file
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-            raise InputError(f"{path} is truncated: tensor {t.name!r} ends at byte "
+            raise InputError(f"{path} is truncated or corrupt: tensor {t.name!r} ends at byte "
                              f"{t.data_offset + t.n_bytes}, the file has {size}; {hint}")
     return reader
 
@@ -176,18 +184,20 @@ def _field(reader: Any, key: str) -> Any:
 
 
 def _check_architecture(path: Path, arch: str) -> Fixup:
+    from gguf import MODEL_ARCH_NAMES
     from transformers.integrations.gguf import GGUF_ARCHS
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, TENSOR_PROCESSORS
 
     # GGUF_ARCHS go through transformers' newer packed-weights loader (hybrid/conv models), whose
     # transforms we do not mirror; a TENSOR_PROCESSORS entry we have no fix-up for would be
-    # silently wrong. Everything else transformers loads with plain renaming.
-    if (arch not in GGUF_SUPPORTED_ARCHITECTURES or arch in GGUF_ARCHS
-            or (arch in TENSOR_PROCESSORS and arch not in _FIXUPS)):
-        known = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES
-                       if a not in GGUF_ARCHS and (a not in TENSOR_PROCESSORS or a in _FIXUPS))
+    # silently wrong. Everything else transformers loads with plain renaming. (The legacy list
+    # also holds non-arch keys such as "general"; gguf's arch names filter those out.)
+    supported = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES
+                       if a in MODEL_ARCH_NAMES.values() and a not in GGUF_ARCHS
+                       and (a not in TENSOR_PROCESSORS or a in _FIXUPS))
+    if arch not in supported:
         raise UnsupportedError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
-                               f"{', '.join(known)}. Convert from the original HF checkpoint instead")
+                               f"{', '.join(supported)}. Convert from the original HF checkpoint instead")
     return _FIXUPS.get(arch, lambda name, w, cfg: w)
 
 
@@ -241,10 +251,8 @@ def _gguf_to_hf_names(arch: str, num_layers: int, hf_names: list[str]) -> dict[s
     """
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    arch_id = next((k for k, v in MODEL_ARCH_NAMES.items() if v == arch), None)
-    if arch_id is None:
-        raise UnsupportedError(f"GGUF architecture {arch!r} is unknown to the installed gguf package; "
-                               f"upgrade it (pip install -U gguf)")
+    # `_check_architecture` already made sure gguf knows this arch name
+    arch_id = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch)
     name_map = get_tensor_name_map(arch_id, num_layers)
     best: dict[str, tuple[int, str]] = {}
     for hf in hf_names:

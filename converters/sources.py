@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-from safetensors import safe_open
+if TYPE_CHECKING:
+    import torch
 
 from converters.base import TensorInfo
 from engine_builder.errors import InputError
@@ -32,6 +32,10 @@ class Source(Protocol):
 
     def load(self, name: str) -> torch.Tensor: ...
 
+    def raw_range(self, name: str) -> tuple[Path, int, int] | None:
+        """(file, byte offset, byte count) of tensor `name` stored as-is, when it is."""
+        ...
+
     def files(self) -> list[Path]: ...
 
     def write_tokenizer(self, out_dir: Path) -> list[str]: ...
@@ -50,7 +54,7 @@ def open_source(src: Path) -> Source:
     return HFSafetensorsSource(src)
 
 
-def _safetensors_header(path: Path) -> dict[str, Any]:
+def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
     """Parse and sanity-check a safetensors header without touching the tensor data."""
     size = path.stat().st_size
     try:
@@ -60,13 +64,16 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
                 raise ValueError("header longer than file")
             header = json.loads(f.read(n))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        for k, v in header.items():
+            if k != "__metadata__" and (v["dtype"] not in _ST_TO_TORCH or not isinstance(v["shape"], list)):
+                raise ValueError(f"tensor {k!r} has unknown dtype {v['dtype']!r}")
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not a valid safetensors file ({exc}); re-download or re-save it") from exc
     if 8 + n + end != size:
         raise InputError(
             f"{path} is truncated or corrupt: header describes {8 + n + end} bytes, file has {size}; "
             f"re-download or re-save it")
-    return header
+    return n, header
 
 
 class HFSafetensorsSource:
@@ -82,19 +89,17 @@ class HFSafetensorsSource:
         except ValueError as exc:
             raise InputError(f"{config_path} is not valid JSON ({exc})") from exc
         self._shards = self._find_shards()
-        self._where: dict[str, Path] = {}
+        # name -> (shard, absolute byte offset, byte count); headers only, no tensor data read
+        self._ranges: dict[str, tuple[Path, int, int]] = {}
         self._infos: dict[str, TensorInfo] = {}
         for shard in self._shards:
-            for name, meta in _safetensors_header(shard).items():
+            header_len, header = _safetensors_header(shard)
+            for name, meta in header.items():
                 if name == "__metadata__":
                     continue
-                self._where[name] = shard
-        # dtypes and shapes through safetensors itself, so we agree with its dtype names
-        for shard in self._shards:
-            with safe_open(shard, framework="pt") as f:
-                for name in f.keys():
-                    s = f.get_slice(name)
-                    self._infos[name] = TensorInfo(tuple(s.get_shape()), _torch_dtype_name(s.get_dtype()))
+                start, end = meta["data_offsets"]
+                self._ranges[name] = (shard, 8 + header_len + start, end - start)
+                self._infos[name] = TensorInfo(tuple(meta["shape"]), _torch_dtype_name(meta["dtype"]))
 
     def _find_shards(self) -> list[Path]:
         index = self.root / "model.safetensors.index.json"
@@ -122,10 +127,15 @@ class HFSafetensorsSource:
         return self._infos
 
     def load(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
         # A fresh mapping per tensor: get_tensor copies out of the mapping, and closing it
         # drops the mapped pages from our RSS, so peak memory stays near one tensor.
-        with safe_open(self._where[name], framework="pt") as f:
+        with safe_open(self._ranges[name][0], framework="pt") as f:
             return f.get_tensor(name)
+
+    def raw_range(self, name: str) -> tuple[Path, int, int] | None:
+        return self._ranges[name]
 
     def files(self) -> list[Path]:
         return [self.root / "config.json", *self._shards]
@@ -139,7 +149,10 @@ class HFSafetensorsSource:
         return copied
 
 
+_ST_TO_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
 def _torch_dtype_name(st_dtype: str) -> str:
-    return {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-            "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-            "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}.get(st_dtype, st_dtype)
+    return _ST_TO_TORCH[st_dtype]
