@@ -2,8 +2,10 @@
 
 from passes import (  # noqa: F401
     eliminate_dead_code,
+    fuse_attention,
     fold_constants,
     fuse_gate_up,
+    fuse_kv_cache_update,
     fuse_qkv,
     fuse_rms_norm,
     fuse_rotary,

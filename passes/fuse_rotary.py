@@ -180,8 +180,12 @@ class FuseRotary(RewritePass):
         return [*full, PartialRotary.rule()]
 
     def apply(self, model: ir.Model) -> int:
-        count = super().apply(model)
+        # two sweeps: the partial-rotary rule needs the RotaryEmbedding the first sweep makes;
+        # the count is the number of rotary applications fused, not the refinements
+        *full, partial = self.rules()
+        count = pattern.RewriteRuleSet(full).apply_to_model(model)
         if count:
+            pattern.RewriteRuleSet([partial]).apply_to_model(model)
             # every layer made its own Cos/Sin of the same table: keep one
             ir.passes.common.CommonSubexpressionEliminationPass()(model)
         return count

@@ -1,4 +1,9 @@
-"""remove_redundant_ops: Identity nodes, no-op or back-to-back Casts, Reshape chains, x*1, x+0."""
+"""remove_redundant_ops: Identity nodes, no-op or back-to-back Casts, Reshape and Unsqueeze chains.
+
+Rules that compare a constant operand with a literal (x * 1, x + 0) are left out on purpose:
+onnxscript's matcher reads the whole constant to compare it, which for a weight means loading
+it from rank0.safetensors (and onnx_ir refuses the hard-linked file we keep there).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +24,7 @@ class RemoveRedundantOps(RewritePass):
 
     def rules(self) -> Sequence[pattern.RewriteRule]:
         return [common.no_op_cast_rule, common.cast_cast_rule, common.reshape_reshape_rule,
-                common.no_op_expand_rule, common.no_op_transpose_rule, common.mul_by_1_rule,
-                common.add_0_rule, common.unsqueeze_unsqueeze_rule]
+                common.no_op_expand_rule, common.no_op_transpose_rule, common.unsqueeze_unsqueeze_rule]
 
     def apply(self, model: ir.Model) -> int:
         rewrites = super().apply(model)
