@@ -84,6 +84,11 @@ class GGUFSource:
                              f"re-export it with llama.cpp's convert_hf_to_gguf.py")
         self.architecture = arch
         self._fixup = _check_architecture(self.path, arch)
+        # transformers' legacy GGUF config reader maps no rope.scaling.* key, so a scaled-rope
+        # file would silently get plain rope; refuse it instead
+        if (scaling := _field(reader, f"{arch}.rope.scaling.type")) not in (None, "none"):
+            raise UnsupportedError(f"{self.path.name} uses {scaling!r} rope scaling, which transformers' GGUF "
+                                   f"config reader drops; convert from the original HF checkpoint instead")
         _check_dequantizable(self.path, reader)
 
         raw_config = _transformers_config(self.path)

@@ -176,7 +176,8 @@ def _n_head_if_permuted(hf_name: str) -> int | None:
     return HEADS if "q_proj" in hf_name else KV_HEADS if "k_proj" in hf_name else None
 
 
-def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch: str = "llama") -> Path:
+def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch: str = "llama",
+                     rope_scaling: gguf.RopeScalingType | None = None) -> Path:
     """A GGUF with the llama.* metadata transformers' GGUF config reader needs; `tensors` maps
     GGUF name -> (stored array, as gguf.quants.quantize returns it, and its ggml type)."""
     w = gguf.GGUFWriter(path, arch)
@@ -191,6 +192,9 @@ def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(VOCAB)  # with it, transformers' config reader needs no tokenizer.ggml.tokens
+    if rope_scaling is not None:
+        w.add_rope_scaling_type(rope_scaling)
+        w.add_rope_scaling_factor(4.0)
     for name, (data, qtype) in tensors.items():
         w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
@@ -345,6 +349,17 @@ def test_rope_table_is_refused_not_dropped(tmp_path):
     with pytest.raises(UnsupportedError) as e:
         GGUFSource(write_tiny_llama(tmp_path / "rope.gguf", stored))
     _assert_one_line(e.value, "rope_freqs.weight")
+
+
+@pytest.mark.parametrize("scaling", [gguf.RopeScalingType.LINEAR, gguf.RopeScalingType.YARN], ids=str)
+def test_rope_scaling_metadata_is_refused_not_dropped(scaling, tmp_path):
+    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in _hf_weights(np.random.default_rng(0), False).items()}
+    path = write_tiny_llama(tmp_path / "scaled.gguf", stored, rope_scaling=scaling)
+    with pytest.raises(UnsupportedError) as e:
+        GGUFSource(path)
+    _assert_one_line(e.value, "scaled.gguf", repr(scaling.value))
+    # and the same file without the key opens: the refusal is about the scaling alone
+    assert GGUFSource(write_tiny_llama(tmp_path / "plain.gguf", stored)).hf_config["model_type"] == "llama"
 
 
 def test_gguf_without_tokenizer_metadata(tmp_path):
