@@ -15,3 +15,7 @@ class UnsupportedError(TrtbuildError):
 
 class ConfigError(TrtbuildError):
     """A config or recipe file has unknown keys or bad values."""
+
+
+class CapacityError(TrtbuildError):
+    """A request does not fit the engine's fixed limits (KV cache slots, max sequence length)."""

@@ -68,12 +68,12 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"{heads} query heads are not a multiple of {kv_heads} KV heads", keys)
         return result
 
-    def rewrite(self, op, q, keys, values, scale, mask, cap=None, to_float=None, **_):
+    def rewrite(self, op, q, keys, values, scale, mask, cap=None, **_):
         attrs = {"scale": _scalar(scale)}
         if self.softcap:
             attrs["softcap"] = _scalar(cap)
-        if to_float is not None:
-            attrs["softmax_precision"] = int(ir.DataType.FLOAT)
+        # no softmax_precision even when the graph upcast: TensorRT rejects the attribute, and
+        # its fused kernels (like onnxruntime's) accumulate the softmax in float32 anyway
         return op.Attention(q, keys, values, mask, **attrs)
 
 

@@ -1,0 +1,130 @@
+"""What `trtbuild build` builds: limits, dtype, targets, passes. Loaded from flags, recipes, --set.
+
+Precedence: defaults < recipe file < command-line flags < --set key=value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine_builder.config import from_dict
+from engine_builder.errors import ConfigError
+
+TARGETS = ("tensorrt", "onnxruntime")
+DTYPES = ("float16", "bfloat16", "float32")
+
+# The default pipelines, in order.
+FUSIONS = ("fold_constants", "remove_redundant_ops", "fuse_qkv", "fuse_gate_up", "fuse_rms_norm", "fuse_rotary",
+           "fuse_kv_cache_update", "fuse_attention")
+DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
+    # TensorRT-RTX takes Attention-24 with an explicit mask, TensorScatter-24 and RotaryEmbedding-23
+    "tensorrt": (*FUSIONS, "eliminate_dead_code"),
+    "onnxruntime": (*FUSIONS, "eliminate_dead_code"),
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch: int = 8
+    max_input_len: int = 1024  # longest prompt (prefill) the engine is optimized for
+    max_seq_len: int = 2048  # KV slots per sequence: prompt + generated tokens
+
+    def validate(self) -> None:
+        for name in ("max_batch", "max_input_len", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_input_len > self.max_seq_len:
+            raise ConfigError(f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}; "
+                              f"a prompt must fit the KV cache")
+
+
+@dataclass(frozen=True)
+class PassLists:
+    tensorrt: tuple[str, ...] = DEFAULT_PASSES["tensorrt"]
+    onnxruntime: tuple[str, ...] = DEFAULT_PASSES["onnxruntime"]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    targets: tuple[str, ...] = TARGETS
+    dtype: str = "float16"
+    limits: Limits = field(default_factory=Limits)
+    compute_capabilities: tuple[str, ...] = ("sm80", "sm86", "sm89", "sm120")
+    opt_level: int = 3
+    trt_flavour: str = "auto"
+    passes: PassLists = field(default_factory=PassLists)
+
+    def validate(self) -> None:
+        self.limits.validate()
+        if not self.targets or any(t not in TARGETS for t in self.targets):
+            raise ConfigError(f"targets {list(self.targets)} must be drawn from {', '.join(TARGETS)} (or 'all')")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.trt_flavour not in ("auto", "tensorrt", "tensorrt_rtx"):
+            raise ConfigError(f"trt_flavour {self.trt_flavour!r} is not one of auto, tensorrt, tensorrt_rtx")
+        if not 0 <= self.opt_level <= 5:
+            raise ConfigError(f"opt_level must be 0..5, got {self.opt_level}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A YAML recipe: the build settings plus what it is for (model, quantization)."""
+
+    model: str = ""  # what the recipe builds, e.g. "SmolLM2-135M-Instruct"; informational
+    quantization: str = "none"
+    build: BuildConfig = field(default_factory=BuildConfig)
+
+
+def load_recipe(path: Path) -> Recipe:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"recipe {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    return from_dict(Recipe, _normalize(data), where=f"recipe {Path(path).name}")
+
+
+def apply_overrides(config: BuildConfig, overrides: dict[str, Any]) -> BuildConfig:
+    """Merge flat or dotted keys (limits.max_seq_len) over `config`; unknown keys are rejected."""
+    data = dataclasses.asdict(config)
+    for key, value in overrides.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a section; sections: limits, passes")
+            node = node[p]
+        if leaf not in node:
+            raise ConfigError(f"--set {key}: unknown key {leaf!r}; valid keys: {', '.join(node)}")
+        node[leaf] = value
+    return from_dict(BuildConfig, _normalize(data), where="build config")
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r} is not key=value (e.g. --set limits.max_seq_len=4096)")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _normalize(data: Any) -> Any:
+    """YAML spellings we accept: targets: all, a single target or dtype as a string."""
+    if isinstance(data, dict):
+        data = {k: _normalize(v) for k, v in data.items()}
+        if data.get("targets") == "all":
+            data["targets"] = list(TARGETS)
+        elif isinstance(data.get("targets"), str):
+            data["targets"] = [data["targets"]]
+        if isinstance(data.get("compute_capabilities"), str):
+            data["compute_capabilities"] = [c.strip() for c in data["compute_capabilities"].split(",")]
+    return data

@@ -1,0 +1,85 @@
+"""One self-attention block over a static KV cache, as a generic exporter writes it.
+
+    qkv = x @ Wqkv.T (+ b)  -> Split -> [q; k; v]   (optional per-head RMSNorm on q and k)
+    rotary(q), rotary(k)
+    present = ScatterND(past, write_indices, new)   the whole buffer comes back out
+    repeat K/V heads (GQA) -> MatMul(q, kT) -> Mul(scale) [-> softcap] -> Add(mask) -> Softmax -> MatMul(v)
+
+Later passes fuse this into Attention / TensorScatter / GroupQueryAttention; the graph
+itself stays in portable ops so it runs anywhere and is the numerics reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from engine_builder.config import ModelConfig
+from engine_builder.network.builder import FLOAT, GraphBuilder
+from engine_builder.network.masks import AttentionMasks
+from engine_builder.network.norms import rms_norm
+from engine_builder.network.rotary import RotaryTables, apply_rotary
+from engine_builder.network.weights import CheckpointWeights
+
+
+@dataclass(frozen=True)
+class AttentionOutputs:
+    out: ir.Value  # [batch, seq, hidden]
+    present_key: ir.Value  # [batch, kv_heads, max_seq, head_dim]
+    present_value: ir.Value  # [batch, kv_heads, max_seq, head_dim]
+
+
+def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, layer: int,
+                   rotary: RotaryTables, masks: AttentionMasks, past_key: ir.Value,
+                   past_value: ir.Value) -> AttentionOutputs:
+    """x: [batch, seq, hidden] (already normalized)."""
+    p = f"layers.{layer}.attn."
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    sliding = cfg.layer_types[layer] == "sliding_attention"
+    with b.scope("attn"):
+        qkv = b.linear(x, w[p + "qkv.weight"], w.get(p + "qkv.bias"))  # [batch, seq, q_dim + 2 kv_dim]
+        q, k, v = b.op_multi("Split", qkv, b.ints([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]), axis=-1, num_outputs=3)
+        q = b.op("Reshape", q, b.ints([0, 0, heads, head_dim]))  # [batch, seq, heads, head_dim]
+        k = b.op("Reshape", k, b.ints([0, 0, kv_heads, head_dim]))  # [batch, seq, kv_heads, head_dim]
+        v = b.op("Reshape", v, b.ints([0, 0, kv_heads, head_dim]))
+        if cfg.qk_norm:  # qwen3, gemma3: per-head RMSNorm before rotary
+            q = rms_norm(b, q, w[p + "q_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="q_norm")
+            k = rms_norm(b, k, w[p + "k_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="k_norm")
+        q = b.op("Transpose", q, perm=[0, 2, 1, 3])  # [batch, heads, seq, head_dim]
+        k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [batch, kv_heads, seq, head_dim]
+        v = b.op("Transpose", v, perm=[0, 2, 1, 3])
+        q = apply_rotary(b, q, rotary, head_dim)
+        k = apply_rotary(b, k, rotary, head_dim)
+
+        # write the new tokens into the cache; attention reads the whole updated buffer
+        present_key = b.op("ScatterND", past_key, masks.write_indices, k)  # [batch, kv_heads, max_seq, head_dim]
+        present_value = b.op("ScatterND", past_value, masks.write_indices, v)
+        keys = _repeat_kv(b, present_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
+        values = _repeat_kv(b, present_value, heads, kv_heads, head_dim)
+
+        scale = cfg.attention_scale if cfg.attention_scale is not None else head_dim ** -0.5
+        scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))  # [batch, heads, seq, max_seq]
+        scores = b.op("Mul", scores, b.const(scale))
+        if cfg.attn_logit_softcap:  # gemma2: cap * tanh(scores / cap), before the mask
+            cap = b.const(cfg.attn_logit_softcap)
+            scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, cap)), cap)
+        scores = b.op("Add", scores, masks.sliding if sliding else masks.full)
+        if b.dtype == FLOAT:
+            probs = b.op("Softmax", scores, axis=-1)
+        else:  # transformers takes the softmax in float32
+            probs = b.cast(b.op("Softmax", b.cast(scores, FLOAT), axis=-1), b.dtype)
+        out = b.op("MatMul", probs, values)  # [batch, heads, seq, head_dim]
+        out = b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints([0, 0, cfg.q_dim]))
+        out = b.linear(out, w[p + "o.weight"], w.get(p + "o.bias"))  # [batch, seq, hidden]
+    return AttentionOutputs(out, present_key, present_value)
+
+
+def _repeat_kv(b: GraphBuilder, x: ir.Value, heads: int, kv_heads: int, head_dim: int) -> ir.Value:
+    """[batch, kv_heads, max_seq, head_dim] -> [batch, heads, max_seq, head_dim], each KV head
+    repeated heads/kv_heads times in place (transformers' repeat_kv: expand + reshape)."""
+    if heads == kv_heads:
+        return x
+    x = b.op("Unsqueeze", x, b.ints([2]))  # [batch, kv_heads, 1, max_seq, head_dim]
+    x = b.op("Expand", x, b.ints([1, 1, heads // kv_heads, 1, 1]))  # [batch, kv_heads, rep, max_seq, head_dim]
+    return b.op("Reshape", x, b.ints([0, heads, -1, head_dim]))

@@ -1,0 +1,140 @@
+"""The whole decoder graph: embedding, layers, final norm, LM head. See graph_io for the I/O contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from engine_builder import __version__
+from engine_builder.config import CheckpointConfig, LayerType, ModelConfig
+from engine_builder.errors import UnsupportedError
+from engine_builder.network import graph_io as io
+from engine_builder.network.attention import self_attention
+from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
+from engine_builder.network.masks import AttentionMasks, attention_masks
+from engine_builder.network.mlp import gated_mlp
+from engine_builder.network.norms import rms_norm
+from engine_builder.network.options import NetworkOptions
+from engine_builder.network.rope_frequencies import rope_frequencies
+from engine_builder.network.rotary import RotaryTables, rotary_tables
+from engine_builder.network.weights import CheckpointWeights
+
+OPSET = 24
+# the IR version onnx pairs with opset 24; onnxruntime 1.31 rejects 14, which onnx 1.23 writes
+IR_VERSION = 12
+
+DTYPES = {"float32": ir.DataType.FLOAT, "float16": ir.DataType.FLOAT16, "bfloat16": ir.DataType.BFLOAT16}
+
+
+def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) -> ir.Model:
+    """The decoder graph of checkpoint dir CKPT_DIR; its weights reference ckpt_dir/rank0.safetensors."""
+    options.validate()
+    ckpt_dir = Path(ckpt_dir)
+    ckpt = CheckpointConfig.load(ckpt_dir)
+    cfg = ckpt.model
+    cfg.validate()
+    if ckpt.quantization.scheme != "none":
+        raise UnsupportedError(f"{ckpt_dir} is quantized ({ckpt.quantization.scheme}); the network builder "
+                               f"handles unquantized checkpoints only so far")
+    dtype = DTYPES[ckpt.dtype if options.dtype == "auto" else options.dtype]
+    b = GraphBuilder(dtype)
+    w = CheckpointWeights(ckpt_dir, cfg, b)
+
+    input_ids = _input(io.INPUT_IDS, INT64, [io.BATCH, io.SEQ])
+    position_ids = _input(io.POSITION_IDS, INT64, [io.BATCH, io.SEQ])
+    past_lengths = _input(io.PAST_LENGTHS, INT64, [io.BATCH])
+    kv_shape = [io.BATCH, cfg.num_kv_heads, options.max_seq_len, cfg.head_dim]
+    past = [(_input(io.past_key(i), dtype, kv_shape), _input(io.past_value(i), dtype, kv_shape))
+            for i in range(cfg.num_layers)]
+
+    with b.scope("embed"):
+        hidden = b.op("Gather", w["embed.weight"], input_ids, axis=0)  # [batch, seq, hidden]
+        if cfg.embedding_multiplier != 1.0:
+            # gemma: a constant in the model dtype, as transformers rounds sqrt(hidden) to it
+            hidden = b.op("Mul", hidden, b.const(cfg.embedding_multiplier))
+
+    masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len,
+                            cfg.sliding_window if "sliding_attention" in cfg.layer_types else None)
+    rotaries = _rotaries(b, position_ids, cfg)
+
+    presents: list[ir.Value] = []
+    for i in range(cfg.num_layers):
+        with b.scope(f"layers.{i}"):
+            hidden, present_key, present_value = _decoder_layer(b, hidden, cfg, w, i, rotaries, masks, *past[i])
+        present_key.name, present_value.name = io.present_key(i), io.present_value(i)
+        present_key.shape = present_value.shape = ir.Shape(kv_shape)
+        present_key.dtype = present_value.dtype = dtype
+        presents += [present_key, present_value]
+
+    with b.scope("head"):
+        if not options.all_logits:  # only the last position feeds sampling: skip the rest early
+            # Gather of index [-1] rather than Slice: shape inference then knows the 1
+            hidden = b.op("Gather", hidden, b.ints([-1]), axis=1)  # [batch, 1, hidden]
+        hidden = rms_norm(b, hidden, w["final_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")
+        lm_head = w["embed.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+        logits = b.linear(hidden, lm_head)  # [batch, seq or 1, vocab]
+        if cfg.final_logit_softcap:
+            cap = b.const(cfg.final_logit_softcap)
+            logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)
+        if dtype != FLOAT:
+            logits = b.cast(logits, FLOAT)
+    logits.name = io.LOGITS
+    logits.dtype = FLOAT
+    logits.shape = ir.Shape([io.BATCH, io.SEQ if options.all_logits else 1, cfg.vocab_size])
+
+    graph = ir.Graph(
+        inputs=[input_ids, position_ids, past_lengths, *(v for pair in past for v in pair)],
+        outputs=[logits, *presents], nodes=b.tape.nodes, initializers=b.initializers,
+        opset_imports={"": OPSET}, name=f"{cfg.architecture}_decoder")
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="trtbuild", producer_version=__version__)
+    model.metadata_props.update({
+        "trtbuild.architecture": cfg.architecture, "trtbuild.max_seq_len": str(options.max_seq_len),
+        "trtbuild.all_logits": str(options.all_logits).lower(), "trtbuild.dtype": dtype.name.lower(),
+    })
+    if cfg.rope.scaling.type == "longrope":
+        # the tables switch once a sequence outgrows this length; keys already cached were rotated
+        # with the short table, so (as transformers' phi3 generate does) the runner must re-prefill
+        # the whole sequence when it grows past it
+        model.metadata_props["trtbuild.reprefill_after"] = str(
+            rope_frequencies(cfg, "full_attention").long_after)
+    # dtypes and shapes on every value: readable dumps, and the rewrite passes match on them
+    ShapeInferencePass()(model)
+    return model
+
+
+def _input(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+
+
+def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict[LayerType, RotaryTables]:
+    """cos/sin per layer type; the same tables unless local layers have their own base (gemma3)."""
+    by_kind: dict[bool, RotaryTables] = {}
+    tables: dict[LayerType, RotaryTables] = {}
+    for layer_type in dict.fromkeys(cfg.layer_types):
+        local = layer_type == "sliding_attention" and cfg.rope.local_theta is not None
+        if local not in by_kind:
+            by_kind[local] = rotary_tables(b, position_ids, rope_frequencies(cfg, layer_type),
+                                           "rope_local" if local else "rope", cfg.rope.interleaved)
+        tables[layer_type] = by_kind[local]
+    return tables
+
+
+def _decoder_layer(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, i: int,
+                   rotaries: dict[LayerType, RotaryTables], masks: AttentionMasks, past_key: ir.Value,
+                   past_value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Pre-norm residual block; gemma2/3 also normalize each branch's output (sandwich norms)."""
+    p, eps, off = f"layers.{i}.", cfg.rms_norm_eps, cfg.norm_offset
+    h = rms_norm(b, x, w[p + "attn_norm.weight"], eps, off, name="attn_norm")
+    attn = self_attention(b, h, cfg, w, i, rotaries[cfg.layer_types[i]], masks, past_key, past_value)
+    h = attn.out
+    if cfg.post_attention_norm:
+        h = rms_norm(b, h, w[p + "post_attn_norm.weight"], eps, off, name="post_attn_norm")
+    x = b.op("Add", x, h, name="attn_residual")  # [batch, seq, hidden]
+    h = rms_norm(b, x, w[p + "mlp_norm.weight"], eps, off, name="mlp_norm")
+    h = gated_mlp(b, h, cfg, w, i)
+    if cfg.post_mlp_norm:
+        h = rms_norm(b, h, w[p + "post_mlp_norm.weight"], eps, off, name="post_mlp_norm")
+    x = b.op("Add", x, h, name="mlp_residual")
+    return x, attn.present_key, attn.present_value

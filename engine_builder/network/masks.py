@@ -1,0 +1,57 @@
+"""Per-graph tensors every attention layer shares: the KV write slots and the additive masks.
+
+Query t of sequence b sits at absolute position p = past_lengths[b] + t, is written to cache
+slot p, and sees slot j iff j <= p (slots above p are stale or not yet written) and, in a
+sliding-window layer, j > p - window (transformers' definition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from engine_builder.network.builder import INT64, GraphBuilder
+
+
+@dataclass(frozen=True)
+class AttentionMasks:
+    write_indices: ir.Value  # [batch, kv_heads, seq, 3] int64 ScatterND (b, h, slot) of each new token
+    full: ir.Value  # [batch, 1, seq, max_seq] compute dtype: 0 where visible, dtype min elsewhere
+    sliding: ir.Value | None  # same, also hiding slots that left the window
+
+
+def attention_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, kv_heads: int,
+                    max_seq: int, sliding_window: int | None) -> AttentionMasks:
+    with b.scope("masks"):
+        # (row, step) index grids from cumulative sums of ones: unlike Range over a computed
+        # length, they keep the symbolic [batch, seq] shape through shape inference
+        ones = b.op("ConstantOfShape", b.op("Shape", input_ids), value=ir.tensor([1], dtype=INT64))
+        one = b.const(1, INT64)
+        rows = b.op("Sub", b.op("CumSum", ones, b.const(0, INT64)), one)  # [batch, seq]: b
+        steps = b.op("Sub", b.op("CumSum", ones, b.const(1, INT64)), one)  # [batch, seq]: t
+        positions = b.op("Add", b.op("Unsqueeze", past_lengths, b.ints([1])), steps)  # [batch, seq]
+        query_pos = b.op("Unsqueeze", positions, b.ints([1, 3]), name="query_positions")  # [batch, 1, seq, 1]
+
+        # ScatterND indices: every (batch, kv_head, new token) -> (b, h, past_lengths[b] + t)
+        index_shape = b.op("Concat", b.op("Shape", input_ids, start=0, end=1), b.ints([kv_heads]),
+                           b.op("Shape", input_ids, start=1, end=2), b.ints([1]), axis=0)  # [4]
+        batch_idx = b.op("Unsqueeze", rows, b.ints([1, 3]))  # [batch, 1, seq, 1]
+        head_idx = b.tensor(np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1, 1),
+                            "masks.kv_head_index")  # [1, kv_heads, 1, 1]
+        write_indices = b.op("Concat", *(b.op("Expand", idx, index_shape)
+                                         for idx in (batch_idx, head_idx, query_pos)),
+                             axis=-1, name="kv_write_indices")  # [batch, kv_heads, seq, 3]
+
+        slots = b.tensor(np.arange(max_seq, dtype=np.int64), "masks.kv_slots")  # [max_seq]
+        visible = b.op("LessOrEqual", slots, query_pos)  # [batch, 1, seq, max_seq]
+        zero, hidden = b.const(0.0), b.const(float(ml_dtypes.finfo(b.dtype.numpy()).min))
+        full = b.op("Where", visible, zero, hidden, name="causal_bias")
+        sliding = None
+        if sliding_window:
+            window_start = b.op("Sub", query_pos, b.const(sliding_window, INT64))  # [batch, 1, seq, 1]
+            in_window = b.op("And", visible, b.op("Greater", slots, window_start))
+            sliding = b.op("Where", in_window, zero, hidden, name="sliding_bias")
+    return AttentionMasks(write_indices, full, sliding)

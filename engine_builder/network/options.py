@@ -1,0 +1,26 @@
+"""Build options of the decoder graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine_builder.errors import ConfigError
+
+ComputeDtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class NetworkOptions:
+    # KV slots per sequence; static so TensorRT can size the cache buffers at build time
+    max_seq_len: int = 2048
+    # logits for every position ([batch, seq, vocab]) instead of the last one ([batch, 1, vocab])
+    all_logits: bool = False
+    # activation dtype; "auto" computes in the checkpoint's dtype, anything else casts the weights
+    dtype: ComputeDtype = "auto"
+
+    def validate(self) -> None:
+        if not isinstance(self.max_seq_len, int) or self.max_seq_len <= 0:
+            raise ConfigError(f"max_seq_len must be a positive integer, got {self.max_seq_len!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ConfigError(f"dtype {self.dtype!r} is not one of auto, float32, float16, bfloat16")

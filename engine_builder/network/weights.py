@@ -1,0 +1,127 @@
+"""Checkpoint weights as ONNX external data pointing into rank0.safetensors, bytes never read.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header, then raw
+row-major tensor bytes; tensor t lives at file offset 8 + header_len + data_offsets[0].
+ONNX external data (location, offset, length) can address exactly that, so model.onnx
+stays a few hundred KB and the weights are never copied, converted or even loaded here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+
+from converters.base import expected_shapes
+from engine_builder.config import ModelConfig
+from engine_builder.errors import InputError, UnsupportedError
+from engine_builder.network.builder import GraphBuilder
+
+WEIGHTS_FILE = "rank0.safetensors"
+
+_ST_DTYPES = {"F32": ir.DataType.FLOAT, "F16": ir.DataType.FLOAT16, "BF16": ir.DataType.BFLOAT16}
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    name: str
+    dtype: ir.DataType
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    length: int
+
+
+def read_safetensors_index(path: Path) -> dict[str, StoredTensor]:
+    """Name -> where the tensor's bytes are, from the header alone."""
+    try:
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if not 2 <= header_len <= 100_000_000:
+                raise ValueError(f"implausible header length {header_len}")
+            header = json.loads(f.read(header_len))
+        size = path.stat().st_size
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable safetensors file ({exc}); re-run `trtbuild convert`") from exc
+    data_start = 8 + header_len
+    index = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in _ST_DTYPES:
+            raise UnsupportedError(
+                f"{path.name}: tensor {name!r} is {meta['dtype']}; the network builder reads "
+                f"F32/F16/BF16 weights only (quantized checkpoints are not supported yet)")
+        begin, end = meta["data_offsets"]
+        if data_start + end > size:
+            raise InputError(f"{path} is truncated ({name!r} ends past the end of the file); "
+                             f"re-run `trtbuild convert`")
+        index[name] = StoredTensor(name, _ST_DTYPES[meta["dtype"]], tuple(meta["shape"]),
+                                   data_start + begin, end - begin)
+    return index
+
+
+class CheckpointWeights:
+    """Canonical weight name -> graph value (an external initializer, cast to the compute dtype)."""
+
+    def __init__(self, ckpt_dir: Path, cfg: ModelConfig, b: GraphBuilder):
+        self.ckpt_dir = Path(ckpt_dir)
+        self._b = b
+        self._index = read_safetensors_index(self.ckpt_dir / WEIGHTS_FILE)
+        self._values: dict[str, ir.Value] = {}
+        self._check(cfg)
+
+    def _check(self, cfg: ModelConfig) -> None:
+        for name, (shape, _) in expected_shapes(cfg).items():
+            stored = self._index.get(name)
+            if stored is None:
+                raise InputError(f"{self.ckpt_dir / WEIGHTS_FILE} has no tensor {name!r} that its "
+                                 f"config.json requires; re-run `trtbuild convert`")
+            if stored.shape != shape:
+                raise InputError(f"{name!r} has shape {list(stored.shape)} but config.json implies "
+                                 f"{list(shape)}; re-run `trtbuild convert`")
+
+    def __getitem__(self, name: str) -> ir.Value:
+        if name not in self._values:
+            s = self._index[name]
+            tensor = ir.ExternalTensor(WEIGHTS_FILE, s.offset, s.length, s.dtype, shape=ir.Shape(s.shape),
+                                       name=name, base_dir=self.ckpt_dir)
+            value = self._b.initializer(ir.Value(name=name, shape=ir.Shape(s.shape),
+                                                 type=ir.TensorType(s.dtype), const_value=tensor))
+            if s.dtype != self._b.dtype:
+                # e.g. a bfloat16 checkpoint run in float32 on onnxruntime
+                with self._b.scope(name):
+                    value = self._b.cast(value, self._b.dtype)
+            self._values[name] = value
+        return self._values[name]
+
+    def get(self, name: str) -> ir.Value | None:
+        return self[name] if name in self._index else None
+
+
+def link_weights(ckpt_dir: Path, out_dir: Path) -> Path:
+    """Put the checkpoint's rank0.safetensors into out_dir: a hard link, or a copy across filesystems.
+
+    onnxruntime and TensorRT refuse external data outside the model's own dir and onnxruntime
+    refuses symlinks, so the file must really be in out_dir; a hard link costs no space.
+    """
+    src, dst = Path(ckpt_dir) / WEIGHTS_FILE, Path(out_dir) / WEIGHTS_FILE
+    if dst.exists() and os.path.samefile(src, dst):
+        return dst
+    tmp = dst.with_name(f".{WEIGHTS_FILE}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(src, tmp)  # streamed in chunks, never whole in memory
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

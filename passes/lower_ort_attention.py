@@ -1,0 +1,201 @@
+"""lower_ort_attention: each layer's attention block becomes com.microsoft GroupQueryAttention.
+
+onnxruntime's GroupQueryAttention (GQA) takes q/k/v as [batch, seq, heads * head_dim], writes the
+new keys/values into past_key/past_value [batch, kv_heads, max_seq, head_dim] at each sequence's
+own offset and attends causally over each sequence's own length. When past_key.{i} and
+present_key.{i} are bound to the same OrtValue (IO binding), it detects the shared buffer and
+writes only the new tokens: no per-step copy of the whole cache, unlike TensorScatter. Per block
+(see passes/attention_block.py for what is matched):
+
+    q3 = RotaryEmbedding([batch, seq, heads * head_dim], cos, sin, num_heads)   # k3 likewise; v3 as is
+    If(seq == 1 or batch == 1 or max(past_lengths) == 0)
+        then: GroupQueryAttention(q3, k3, v3, past_key, past_value, seqlens_k, total_len)
+        else: the TensorScatter + Attention-24 block as before (reshaped from q3, k3, v3)
+    -> out [batch, seq, heads * head_dim], present_key, present_value
+
+Why the If: onnxruntime 1.31's CPU GQA refuses a multi-token step over a non-empty cache when
+batch > 1 ("batch_size must be 1 when sequence_length > 1 and past context is given."), which the
+graph contract allows (batched chunked prefill, prefix reuse). Every other step takes GQA, and
+the shared buffer still works through the If (its outputs are allocated in the bound OrtValue).
+
+Semantics checked against the unfused graph (tests/passes/test_lower_ort_attention.py):
+  * seqlens_k = past_lengths + seq - 1 (int32), total_sequence_length = max(past_lengths) + seq.
+  * the additive mask is dropped: GQA is causal over slots 0..past_lengths[b] + t, and its
+    local_window_size W keeps slots j > p - W, exactly transformers' sliding window.
+  * rotary stays our RotaryEmbedding-23 (3-D form): GQA's do_rotary would derive positions from
+    seqlens_k (ignoring position_ids) and needs a static [max_pos, rot/2] table, which dynamic and
+    longrope scaling do not have; at decode it saves well under 1% (benchmarks/ort_lowering.py).
+  * CPU GQA has float32 and float16 kernels only, and needs head_dim % 8 == 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.attention_block import BHSD, AttentionBlock, NoMatch, find_attention_block
+from passes.base import Pass, register_pass
+
+MS_DOMAIN = "com.microsoft"
+GQA_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
+
+
+class _Emitter:
+    """Creates nodes named `{prefix}/{op}_{n}` (values likewise): unique in the graph and its branches."""
+
+    def __init__(self, graph: ir.Graph, prefix: str):
+        self.graph, self.prefix, self.nodes, self._n = graph, prefix, [], 0
+
+    def op(self, op_type: str, *inputs: ir.Value | None, domain: str = "", num_outputs: int = 1,
+           **attrs: Any) -> Any:
+        self._n += 1
+        name = f"{self.prefix}/{op_type}_{self._n}"
+        node = ir.Node(domain, op_type, list(inputs), attributes=ir.convenience.convert_attributes(attrs),
+                       num_outputs=num_outputs, name=name)
+        for j, out in enumerate(node.outputs):
+            out.name = name if num_outputs == 1 else f"{name}:{j}"
+        self.nodes.append(node)
+        return node.outputs[0] if num_outputs == 1 else node.outputs
+
+    def ints(self, values: Sequence[int]) -> ir.Value:
+        """A shared int64 initializer of the main graph (branches read it from the outer scope)."""
+        name = "ort_attention.const." + "_".join(str(v) for v in values)
+        if name not in self.graph.initializers:
+            self.graph.register_initializer(ir.Value(name=name, const_value=ir.tensor(np.asarray(values, np.int64),
+                                                                                       name=name)))
+        return self.graph.initializers[name]
+
+
+class _StepInputs:
+    """Per-step tensors every layer's GQA shares, computed once before the first layer."""
+
+    def __init__(self, e: _Emitter, block: AttentionBlock):
+        lengths = block.past_lengths  # [batch] int64
+        seq = e.op("Squeeze", e.op("Shape", block.q_heads, start=1, end=2))  # scalar
+        batch = e.op("Squeeze", e.op("Shape", block.q_heads, start=0, end=1))
+        max_past = e.op("ReduceMax", lengths, keepdims=0)  # scalar
+        one, zero = e.ints([1]), e.ints([0])
+        self.seqlens_k = e.op("Cast", e.op("Sub", e.op("Add", lengths, seq), one), to=ir.DataType.INT32)  # [batch]
+        self.total = e.op("Cast", e.op("Add", max_past, seq), to=ir.DataType.INT32)  # scalar
+        # the steps CPU GQA accepts: decode, a single sequence, or a first prefill of the batch
+        self.use_gqa = e.op("Squeeze", e.op("Or", e.op("Or", e.op("Equal", seq, one), e.op("Equal", batch, one)),
+                                            e.op("Equal", max_past, zero)))  # scalar bool
+
+
+def _flat(e: _Emitter, heads: ir.Value, width: int) -> ir.Value:
+    """[batch, seq, n, head_dim] -> [batch, seq, n * head_dim], reusing the value it was reshaped from."""
+    node = heads.producer()
+    if node is not None and node.op_type == "Reshape" and node.domain == "":
+        src = node.inputs[0]
+        if src.shape is not None and len(src.shape) == 3 and src.shape[2] == width:
+            return src
+    return e.op("Reshape", heads, e.ints([0, 0, width]))
+
+
+def _output_tail(block: AttentionBlock) -> ir.Value | None:
+    """The Reshape(Transpose(attention, BHSD), [0, 0, heads * head_dim]) value, if that is the only consumer."""
+    uses = block.attention.outputs[0].uses()
+    if len(uses) != 1 or uses[0].node.op_type != "Transpose" or list(uses[0].node.attributes["perm"].value) != BHSD:
+        return None
+    after = uses[0].node.outputs[0].uses()
+    if len(after) != 1 or after[0].node.op_type != "Reshape":
+        return None
+    reshape = after[0].node
+    shape = reshape.inputs[1].const_value
+    if shape is None or shape.numpy().tolist() != [0, 0, block.heads * block.head_dim]:
+        return None
+    return reshape.outputs[0]
+
+
+def _check(block: AttentionBlock) -> None:
+    dtype = block.past_key.dtype
+    if dtype not in GQA_DTYPES:
+        raise NoMatch(f"onnxruntime's CPU GroupQueryAttention has no {dtype} kernel (float32/float16 only)")
+    if block.head_dim % 8:
+        raise NoMatch(f"head_dim {block.head_dim} is not a multiple of 8, which CPU GroupQueryAttention requires")
+    if block.heads % block.kv_heads:
+        raise NoMatch(f"{block.heads} query heads are not a multiple of {block.kv_heads} KV heads")
+
+
+def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitter) -> None:
+    b, heads, kv_heads, dim = block, block.heads, block.kv_heads, block.head_dim
+    q3, k3, v3 = _flat(e, b.q_heads, heads * dim), _flat(e, b.k_heads, kv_heads * dim), _flat(e, b.v_heads, kv_heads * dim)
+    if b.rotary is not None:
+        rot = {"interleaved": b.rotary.interleaved, **({"rotary_embedding_dim": b.rotary.dim} if b.rotary.dim else {})}
+        q3 = e.op("RotaryEmbedding", q3, b.rotary.cos, b.rotary.sin, num_heads=heads, **rot)
+        k3 = e.op("RotaryEmbedding", k3, b.rotary.cos, b.rotary.sin, num_heads=kv_heads, **rot)
+
+    fast = _Emitter(graph, f"{e.prefix}/gqa")
+    gqa_attrs: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads, "scale": b.scale}
+    if b.softcap:
+        gqa_attrs["softcap"] = b.softcap
+    if b.window is not None:
+        gqa_attrs["local_window_size"] = b.window
+    fast_out = fast.op("GroupQueryAttention", q3, k3, v3, b.past_key, b.past_value, step.seqlens_k, step.total,
+                       domain=MS_DOMAIN, num_outputs=3, **gqa_attrs)
+
+    slow = _Emitter(graph, f"{e.prefix}/fallback")
+
+    def bhsd(x: ir.Value, n: int) -> ir.Value:
+        return slow.op("Transpose", slow.op("Reshape", x, e.ints([0, 0, n, dim])), perm=BHSD)
+
+    keys = slow.op("TensorScatter", b.past_key, bhsd(k3, kv_heads), b.past_lengths, axis=-2, mode="linear")
+    values = slow.op("TensorScatter", b.past_value, bhsd(v3, kv_heads), b.past_lengths, axis=-2, mode="linear")
+    attn_attrs = {k: a.value for k, a in b.attention.attributes.items()}
+    attn = slow.op("Attention", bhsd(q3, heads), keys, values, b.attention.inputs[3], **attn_attrs)
+    slow_out = slow.op("Reshape", slow.op("Transpose", attn, perm=BHSD), e.ints([0, 0, heads * dim]))
+
+    branch_outputs = []
+    for branch, outs in ((fast, list(fast_out)), (slow, [slow_out, keys, values])):
+        branch_outputs.append(ir.Graph(inputs=[], outputs=outs, nodes=branch.nodes, name=branch.prefix))
+    out, present_key, present_value = e.op("If", step.use_gqa, num_outputs=3, then_branch=branch_outputs[0],
+                                           else_branch=branch_outputs[1])
+    out.dtype, out.shape = b.past_key.dtype, ir.Shape([*b.q_heads.shape[:2], heads * dim])
+
+    tail = _output_tail(b)
+    if tail is None:  # an unusual consumer: give it the [batch, heads, seq, head_dim] it read before
+        out = e.op("Transpose", e.op("Reshape", out, e.ints([0, 0, heads, dim])), perm=BHSD)
+    graph.insert_before(b.attention, e.nodes)
+    ir.convenience.replace_all_uses_with(tail if tail is not None else b.attention.outputs[0], out)
+    for old, new in ((b.present_key, present_key), (b.present_value, present_value)):
+        name, old.name = old.name, f"{old.name}.replaced"
+        new.name, new.dtype, new.shape = name, old.dtype, old.shape
+        graph.outputs[graph.outputs.index(old)] = new
+
+
+@register_pass
+class LowerOrtAttention(Pass):
+    name = "lower_ort_attention"
+    description = "attention block (rotary, TensorScatter, Attention-24) -> com.microsoft GroupQueryAttention"
+
+    def _blocks(self, model: ir.Model) -> tuple[list[AttentionBlock], str | None]:
+        blocks, why = [], None
+        for node in model.graph:
+            if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
+                try:
+                    block = find_attention_block(node, model.graph)
+                    _check(block)
+                    blocks.append(block)
+                except NoMatch as exc:
+                    why = why or f"at Attention node {node.name!r}: {exc}"
+        return blocks, why
+
+    def apply(self, model: ir.Model) -> int:
+        blocks, _ = self._blocks(model)
+        if not blocks:
+            return 0
+        graph = model.graph
+        shared = _Emitter(graph, "ort_attention.step")
+        step = _StepInputs(shared, blocks[0])
+        graph.insert_before(blocks[0].attention, shared.nodes)
+        for i, block in enumerate(blocks):
+            _lower(graph, block, step, _Emitter(graph, f"ort_attention.{i}"))
+        ir.passes.common.RemoveUnusedNodesPass()(model)
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+        return len(blocks)
+
+    def why_not(self, model: ir.Model) -> str | None:
+        return self._blocks(model)[1] or "no Attention-24 node (run fuse_attention first)"
