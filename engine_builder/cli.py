@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from engine_builder.errors import TrtbuildError
+from engine_builder.errors import InputError, TrtbuildError
 
 app = typer.Typer(
     help="Turn Hugging Face LLM checkpoints into TensorRT engines ahead of time, and run them.\n\n"
@@ -117,6 +118,124 @@ def convert(
         stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
                   f"{result.bytes / 1e6:.1f} MB {result.dtype} in {result.seconds:.1f}s "
                   f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")
+
+
+@app.command()
+@user_errors
+def build(
+    ckpt: Annotated[Path | None, typer.Argument(help="Checkpoint dir from `trtbuild convert`.")] = None,
+    out: Annotated[Path | None, typer.Argument(help="Engine dir to create.")] = None,
+    target: Annotated[str, typer.Option(help="tensorrt, onnxruntime or all. The onnxruntime twin "
+                                             "(model.onnx) is always written.")] = "all",
+    dtype: Annotated[str | None, typer.Option(help="Compute dtype: float16 (default), bfloat16, float32.")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="Largest batch the engine serves (default 8).")] = None,
+    max_input_len: Annotated[int | None, typer.Option(help="Longest prompt (default 1024).")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(help="KV slots per sequence: prompt + output "
+                                                         "(default 2048).")] = None,
+    cc: Annotated[str | None, typer.Option(help="TensorRT compute capability targets, e.g. sm80,sm86,sm89,sm120 "
+                                                "(the default). TensorRT-RTX cannot target sm90.")] = None,
+    opt_level: Annotated[int | None, typer.Option(help="TensorRT builder optimization level 0-5 (default 3).")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="YAML recipe with build settings (see recipes/).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value, e.g. "
+                                                   "limits.max_seq_len=4096 or passes.tensorrt=[...].")] = None,
+    trt_flavour: Annotated[str | None, typer.Option(help="auto (tensorrt if installed, else tensorrt_rtx), "
+                                                         "tensorrt or tensorrt_rtx.")] = None,
+    onnx: Annotated[Path | None, typer.Option(help="Run the passes on a third-party decoder ONNX (e.g. from "
+                                                   "torch.onnx.export) instead of a checkpoint: "
+                                                   "trtbuild build --onnx model.onnx OUT.")] = None,
+    explain_passes: Annotated[bool, typer.Option("--explain-passes", help="Print per-pass match counts and, "
+                                                 "for passes that matched nothing, the closest failure.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Build an engine dir from a checkpoint: decoder graph, rewrite passes, TensorRT engine, ONNX twin.
+
+    TensorRT-RTX builds engines on machines without a GPU; numerics are checked on the ONNX twin,
+    which `trtbuild run` executes where no supported GPU is present.
+
+    Example: trtbuild build ckpt engine --dtype float16 --cc sm86,sm89 --max-seq-len 4096
+    """
+    from engine_builder.build_config import BuildConfig, apply_overrides, load_recipe, parse_set
+
+    config = load_recipe(recipe).build if recipe else BuildConfig()
+    flags: dict[str, Any] = {"dtype": dtype, "limits.max_batch": max_batch, "limits.max_input_len": max_input_len,
+                             "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
+                             "compute_capabilities": cc.split(",") if cc else None}
+    if target != "all" or not recipe:
+        flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    config = apply_overrides(config, {**overrides, **parse_set(set_ or [])})
+    if onnx is not None:
+        from engine_builder.third_party import build_third_party
+
+        out = out or ckpt  # `build --onnx model.onnx OUT`: OUT is the only positional
+        if out is None:
+            raise InputError("missing OUT: trtbuild build --onnx model.onnx OUT")
+        result = build_third_party(onnx, out, config, force=force, explain=explain_passes)
+    else:
+        if ckpt is None or out is None:
+            raise InputError("missing arguments: trtbuild build CKPT OUT (see --help)")
+        from engine_builder.build import build as build_engine_dir
+
+        with stage_status(enabled=not as_json) as stage:
+            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage)
+    if as_json:
+        print_json(result)
+        return
+    if explain_passes:
+        for target_name, results in result.passes.items():
+            table = Table("pass", "matches", "why not", title=f"passes for {target_name}")
+            for r in results:
+                table.add_row(r["name"], str(r["matches"]), r["why_not"] or "")
+            stdout.print(table)
+    engine = f", engine {result.engine_bytes / 1e6:.1f} MB" if result.engine_bytes else ""
+    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{engine}, "
+                 f"{result.seconds:.1f}s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB")
+
+
+@contextlib.contextmanager
+def stage_status(enabled: bool) -> Iterator[Callable[[str], None]]:
+    with stderr.status("building", spinner="dots") if enabled else contextlib.nullcontext() as status:
+        yield (lambda text: status.update(text)) if status else (lambda text: None)
+
+
+@app.command()
+@user_errors
+def inspect(
+    engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Show what an engine dir holds and whether it can run on this machine (decided without loading it)."""
+    from engine_builder.engine_dir import summarize
+
+    summary = summarize(engine_dir)
+    m = summary.manifest
+    if as_json:
+        print_json({"path": summary.path, "model": m["model"], "dtype": m["build"]["dtype"],
+                    "limits": m["build"]["limits"], "targets": m["targets"], "versions": m["versions"],
+                    "passes": m["passes"], "tensorrt": m["tensorrt"], "files": summary.files,
+                    "graph_hashes": m["graph_hashes"],
+                    "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
+                                "onnxruntime": {"ok": summary.onnxruntime_ok}}})
+        return
+    model, build_cfg = m["model"], m["build"]
+    table = Table(show_header=False, title=f"engine dir {summary.path}")
+    table.add_row("model", f"{model['architecture']}: {model['num_layers']} layers, hidden {model['hidden_size']}, "
+                           f"{model['num_heads']}/{model['num_kv_heads']} heads, vocab {model['vocab_size']}")
+    table.add_row("precision", f"{build_cfg['dtype']} (checkpoint {m['checkpoint']['dtype']})")
+    table.add_row("limits", ", ".join(f"{k} {v}" for k, v in build_cfg["limits"].items()))
+    table.add_row("targets", ", ".join(m["targets"]))
+    trt = m.get("tensorrt")
+    if trt:
+        table.add_row("tensorrt", f"{trt['flavour']} {trt['trt_version']}, targets {','.join(trt['targets'])}, "
+                                  f"{trt['num_profiles']} profiles, built in {trt['build_seconds']}s")
+        table.add_row("layers", ", ".join(f"{k} {v}" for k, v in sorted(trt["network_layer_types"].items())))
+    for target_name, results in m["passes"].items():
+        table.add_row(f"passes ({target_name})", ", ".join(f"{r['name']} {r['matches']}" for r in results))
+    table.add_row("files", ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in summary.files.items()))
+    table.add_row("tensorrt here", summary.tensorrt_verdict)
+    table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
+    stdout.print(table)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from passes import (  # noqa: F401
     fuse_qkv,
     fuse_rms_norm,
     fuse_rotary,
+    lower_ort_attention,
     remove_redundant_ops,
 )
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes

@@ -1,0 +1,101 @@
+"""`trtbuild build --onnx model.onnx OUT`: the same passes on a decoder graph exported elsewhere
+(e.g. torch.onnx.export(..., dynamo=True) of a transformers model).
+
+Such a graph keeps its own inputs and outputs, so the engine dir it makes is for inspection and
+TensorRT deployment; `trtbuild run` needs a graph emitted from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+import passes  # noqa: F401  (registers every pass)
+from engine_builder import __version__
+from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.build import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL, BuildResult
+from engine_builder.build_config import BuildConfig
+from engine_builder.errors import InputError
+from engine_builder.memory import PeakRss
+from engine_builder.target_check import check_target_ops
+from passes.base import PassManager
+
+
+def load_onnx(path: Path) -> ir.Model:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; pass an .onnx file")
+    try:
+        return ir.load(path)  # external data resolves beside the file, read lazily
+    except Exception as exc:  # protobuf and onnx_ir raise many types for a malformed file
+        raise InputError(f"{path} is not a readable ONNX model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200] if str(exc) else 'parse failed'}); re-export it") from exc
+
+
+def _profile(model: ir.Model, config: BuildConfig) -> dict[str, tuple]:
+    """One profile: dynamic dim 0 is the batch, dynamic dim 1 the sequence."""
+    lim = config.limits
+    shapes: dict[str, tuple] = {}
+    for value in model.graph.inputs:
+        dims = list(value.shape or ())
+        lo, opt, hi = [], [], []
+        for i, d in enumerate(dims):
+            if isinstance(d, int):
+                lo.append(d), opt.append(d), hi.append(d)
+            else:
+                top = lim.max_batch if i == 0 else lim.max_input_len
+                lo.append(1), opt.append(min(top, 1 if i == 0 else 64)), hi.append(top)
+        shapes[value.name] = (tuple(lo), tuple(opt), tuple(hi))
+    return shapes
+
+
+def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bool = False,
+                      explain: bool = False) -> BuildResult:
+    config.validate()
+    out = Path(out)
+    for target in config.targets:
+        PassManager(getattr(config.passes, target))
+    load_onnx(onnx_path)  # a malformed file fails before anything is created
+    check_output_dir(out, force)
+    started, peak = time.perf_counter(), PeakRss()
+    reports, hashes, trt = {}, {}, None
+    with atomic_output_dir(out, force) as tmp:
+        targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))
+        for target in targets:
+            model = load_onnx(onnx_path)
+            reports[target] = PassManager(getattr(config.passes, target)).run(model, explain=explain)
+            check_target_ops(model, target)
+            path = tmp / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
+            # the weights go beside the graph: the passes may have made new ones (fused q/k/v)
+            ir.save(model, path, external_data=path.name + ".data")
+            hashes[target] = hashlib.sha256(path.read_bytes()).hexdigest()
+            if target == "tensorrt":
+                from engine_builder.trt_build import TrtBuildOptions, build_engine
+
+                options = TrtBuildOptions(config.compute_capabilities, config.opt_level, (_profile(model, config),),
+                                          decomposable_attention=config.dtype == "float32",
+                                          flavour=config.trt_flavour)  # type: ignore[arg-type]
+                trt = build_engine(path, tmp / ENGINE_FILE, options).to_json()
+        result = BuildResult(
+            out=str(out), targets=targets, dtype=config.dtype,
+            passes={t: [{"name": r.name, "matches": r.matches, "why_not": r.why_not} for r in rs]
+                    for t, rs in reports.items()},
+            graph_hashes=hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
+            seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
+        manifest: dict[str, Any] = {
+            "schema": ENGINE_SCHEMA, "schema_version": ENGINE_SCHEMA_VERSION,
+            "versions": {"trtbuild": __version__, "tensorrt": {k: trt[k] for k in ("flavour", "trt_version")}
+                         if trt else None},
+            "source_onnx": {"name": Path(onnx_path).name,
+                            "sha256": hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest()},
+            "model": None, "build": {"dtype": config.dtype, "limits": vars(config.limits)},
+            "targets": list(targets), "passes": result.passes, "graph_hashes": hashes, "tensorrt": trt,
+            "cost": {"build_seconds": result.seconds, "peak_rss_bytes": result.peak_rss_bytes},
+        }
+        (tmp / "config.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return result
