@@ -22,9 +22,10 @@ DTYPES = ("float16", "bfloat16", "float32")
 FUSIONS = ("fold_constants", "remove_redundant_ops", "fuse_qkv", "fuse_gate_up", "fuse_rms_norm", "fuse_rotary",
            "fuse_kv_cache_update", "fuse_attention")
 DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
-    # TensorRT-RTX takes Attention-24 with an explicit mask, TensorScatter-24 and RotaryEmbedding-23
+    # TensorRT-RTX takes Attention-24 with an explicit mask (it ignores nonpad_kv_seqlen and aligns
+    # is_causal top-left), TensorScatter-24 and RotaryEmbedding-23, but no Attention softcap
     "tensorrt": (*FUSIONS, "eliminate_dead_code"),
-    "onnxruntime": (*FUSIONS, "eliminate_dead_code"),
+    "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "eliminate_dead_code"),
 }
 
 

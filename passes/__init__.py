@@ -3,6 +3,7 @@
 from passes import (  # noqa: F401
     eliminate_dead_code,
     fuse_attention,
+    fuse_attention_softcap,
     fold_constants,
     fuse_gate_up,
     fuse_kv_cache_update,
@@ -10,6 +11,7 @@ from passes import (  # noqa: F401
     fuse_rms_norm,
     fuse_rotary,
     lower_ort_attention,
+    lower_ort_norms,
     remove_redundant_ops,
 )
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes

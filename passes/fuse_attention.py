@@ -5,9 +5,10 @@ Matches transformers' eager attention as our emitter and exporters write it:
     s = MatMul(q, Transpose(k, [0, 1, 3, 2])) * scale   [-> cap * Tanh(s / cap)]   + mask
     p = Softmax(s) (optionally Cast to float32 and back)
     out = MatMul(p, repeat_kv(V))
-and rewrites it to Attention(q, K, V, mask, scale, softcap): Attention-24 does GQA natively, so
-the repeated K/V disappear, and the additive mask carries causality, the static-cache
-validity and sliding windows exactly as before.
+and rewrites it to Attention(q, K, V, mask, scale): Attention-24 does GQA natively, so the
+repeated K/V disappear, and the additive mask carries causality, the static-cache validity and
+sliding windows exactly as before. Soft-capped attention (gemma2) is fuse_attention_softcap's:
+TensorRT's Attention rejects the softcap attribute, so only targets that take it run that pass.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         if self.softcap and (_scalar(cap) is None or _scalar(cap) != _scalar(cap2)):
             return result.fail("soft-cap divides and multiplies by different constants", cap)
         if to_float is not None and to_float.as_int() != ir.DataType.FLOAT:
-            return result.fail("softmax is not upcast to float32", scores_value(q))
+            return result.fail("softmax is not upcast to float32", q)
         for v, what in ((q, "q"), (keys, "keys"), (values, "values")):
             if v.shape is not None and len(v.shape) != 4:
                 return result.fail(f"{what} is not 4-D [batch, heads, seq, head_dim]", v)
@@ -77,14 +78,10 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         return op.Attention(q, keys, values, mask, **attrs)
 
 
-def scores_value(q: ir.Value) -> ir.Value:
-    return q
-
-
 @register_pass
 class FuseAttention(RewritePass):
     name = "fuse_attention"
-    description = "eager scaled-dot-product (GQA, mask, soft-cap) -> Attention-24"
+    description = "eager scaled-dot-product (GQA, mask) -> Attention-24"
 
     def rules(self) -> Sequence[pattern.RewriteRule]:
-        return [AttentionFusion.rule(softcap=True), AttentionFusion.rule(softcap=False)]
+        return [AttentionFusion.rule(softcap=False)]

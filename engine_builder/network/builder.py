@@ -30,12 +30,14 @@ class GraphBuilder:
 
     # ---- naming -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def scope(self, name: str) -> Iterator[None]:
-        self._scope.append(name)
+    def scope(self, name: str, absolute: bool = False) -> Iterator[None]:
+        """Name what is emitted inside after NAME (nested in the current scope unless absolute)."""
+        saved = self._scope
+        self._scope = [name] if absolute else [*saved, name]
         try:
             yield
         finally:
-            self._scope.pop()
+            self._scope = saved
 
     def _unique(self, base: str) -> str:
         prefix = ".".join(self._scope)

@@ -16,6 +16,14 @@ exceed max_seq. Slots beyond a sequence's length are masked but still multiplied
 probability, so the runner must allocate the buffers zero-filled (NaN * 0 is NaN).
 The semantics match TensorScatter-24 (write_indices = past_lengths, axis -2) and
 Attention-24 (nonpad_kv_seqlen = past_lengths + seq), which later passes lower to.
+
+Ragged batches: right-pad the shorter rows and advance each row's past_lengths by its real
+token count only; the padding's cache slots stay masked until real tokens overwrite them.
+Rope scaling that depends on the sequence length (longrope, dynamic NTK) takes it per row
+as max(position_ids[b]) + 1, so give padding a position no larger than the row's last real
+one (0 will do). With longrope, model.onnx metadata `trtbuild.reprefill_after` = N: when a
+sequence grows past N tokens, its cached keys (rotated with the short table) are stale and
+the whole sequence must be prefilled again, as transformers' phi3 generate does.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class CheckpointWeights:
                                                  type=ir.TensorType(s.dtype), const_value=tensor))
             if s.dtype != self._b.dtype:
                 # e.g. a bfloat16 checkpoint run in float32 on onnxruntime
-                with self._b.scope(name):
+                with self._b.scope(name, absolute=True):  # wherever the first use happens to be
                     value = self._b.cast(value, self._b.dtype)
             self._values[name] = value
         return self._values[name]

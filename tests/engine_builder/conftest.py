@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from extra_models import EXTRA_MODELS, make_extra_model  # noqa: E402
+from extra_models import make_extra_model  # noqa: E402
 from tiny_models import TINY_MODELS  # noqa: E402
 
 from converters.convert import convert  # noqa: E402

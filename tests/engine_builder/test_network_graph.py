@@ -168,3 +168,24 @@ def test_errors_say_what_to_do(checkpoint_dir, tmp_path):
     with pytest.raises(UnsupportedError, match="quantized"):
         write_onnx(quantized, tmp_path / "out", NetworkOptions())
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "phi3"])
+def test_tensorrt_rtx_builds_the_unfused_graph(checkpoint_dir, tmp_path, name):
+    """The portable form is already buildable (no GPU needed): fp16, hard-linked weights, two profiles."""
+    pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
+    from engine_builder.trt_build import TrtBuildOptions, build_engine
+
+    path = write_onnx(checkpoint_dir(name, "float16"), tmp_path / "onnx", NetworkOptions(max_seq_len=64))
+    model = onnx.load(path, load_external_data=False)
+
+    def profile(batch: tuple[int, int, int], seq: tuple[int, int, int]) -> dict:
+        def shape(value, k):
+            return tuple({"batch": batch[k], "seq": seq[k]}.get(d, d) for d in dims(value))
+        return {v.name: tuple(shape(v, k) for k in range(3)) for v in model.graph.input}
+
+    decode, prefill = profile((1, 2, 4), (1, 1, 1)), profile((1, 1, 2), (2, 16, 64))
+    report = build_engine(path, tmp_path / "rank0.engine", TrtBuildOptions(
+        compute_capabilities=("sm86",), profiles=(decode, prefill), opt_level=0))
+    assert report.engine_bytes > 0 and not report.unused_inputs
+    assert report.network_layer_types["SCATTER"] == len(model.graph.input) - 3  # one per past_key/value
