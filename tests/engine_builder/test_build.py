@@ -94,7 +94,7 @@ def test_explain_passes_names_why_a_pass_found_nothing(checkpoint_dir, tmp_path)
     report = {r["name"]: r for r in json.loads(proc.stdout)["passes"]["onnxruntime"]}
     assert report["fuse_attention"]["matches"] == 2 and report["fuse_attention"]["why_not"] is None
     assert report["fuse_qkv"]["matches"] == 0 and "fused qkv weight" in report["fuse_qkv"]["why_not"]
-    table = cli(*args[:3], tmp_path / "f", *args[3:])
+    table = cli(*args[:2], tmp_path / "f", *args[3:])
     assert table.returncode == 0 and "passes for onnxruntime" in table.stdout and "fuse_rotary" in table.stdout
 
 
