@@ -78,7 +78,8 @@ def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bo
                 from engine_builder.trt_build import TrtBuildOptions, build_engine
 
                 options = TrtBuildOptions(config.compute_capabilities, config.opt_level, (_profile(model, config),),
-                                          decomposable_attention=config.dtype == "float32",
+                                          # its dtype is the exporter's: allow fp32 attention as plain ops
+                                          decomposable_attention=True,
                                           flavour=config.trt_flavour)  # type: ignore[arg-type]
                 trt = build_engine(path, tmp / ENGINE_FILE, options).to_json()
         result = BuildResult(

@@ -75,6 +75,13 @@ class _RotaryBase(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, freqs, cos_factor=None, sin_factor=None, cos_to=None, sin_to=None, **_):
         cos = _table(op, op.Cos(freqs), cos_factor, cos_to)  # [batch, seq, dim/2]
         sin = _table(op, op.Sin(freqs), sin_factor, sin_to)
+        x_batch = x.shape[0] if x.shape is not None else None
+        f_batch = freqs.shape[0] if freqs.shape is not None else None
+        if x_batch is None or x_batch != f_batch:
+            # exporters build the table from arange positions, [1, seq, dim/2], and let Mul
+            # broadcast it; RotaryEmbedding wants one row per sequence
+            rows = op.Concat(op.Shape(x, start=0, end=1), op.Shape(freqs, start=1), axis=0)
+            cos, sin = op.Expand(cos, rows), op.Expand(sin, rows)
         return op.RotaryEmbedding(x, cos, sin, interleaved=int(self.interleaved))
 
 
