@@ -17,6 +17,8 @@ install: $(BIN)/.installed
 demo: install
 	mkdir -p $(DEMO_DIR)
 	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.bundled)" $(DEMO_DIR)/smollm2-ckpt --force
+	$(BIN)/trtbuild build $(DEMO_DIR)/smollm2-ckpt $(DEMO_DIR)/smollm2-engine --recipe recipes/smollm2-135m-fp16.yaml --force
+	$(BIN)/trtbuild inspect $(DEMO_DIR)/smollm2-engine
 
 test: install
 	$(BIN)/python -m pytest -q
