@@ -56,8 +56,8 @@ def rope(hf: dict[str, Any], dim_per_head: int, local: bool = False) -> RopeConf
     partial = params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0
     original = params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
     factor = params.get("factor")
-    if kind == "longrope" and factor is None and original:
-        # phi3 derives the factor from the context extension
+    if kind in ("longrope", "yarn") and factor is None and original:
+        # phi3 (longrope) and transformers' yarn derive the factor from the context extension
         factor = hf["max_position_embeddings"] / original
     scaling = RopeScaling(
         type=kind, factor=float(factor or 1.0), original_max_position_embeddings=original,

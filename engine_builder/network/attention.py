@@ -38,7 +38,8 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     sliding = cfg.layer_types[layer] == "sliding_attention"
     with b.scope("attn"):
-        qkv = b.linear(x, w[p + "qkv.weight"], w.get(p + "qkv.bias"))  # [batch, seq, q_dim + 2 kv_dim]
+        qkv_bias = w[p + "qkv.bias"] if cfg.qkv_bias else None
+        qkv = b.linear(x, w[p + "qkv.weight"], qkv_bias)  # [batch, seq, q_dim + 2 kv_dim]
         q, k, v = b.op_multi("Split", qkv, b.ints([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]), axis=-1, num_outputs=3)
         q = b.op("Reshape", q, b.ints([0, 0, heads, head_dim]))  # [batch, seq, heads, head_dim]
         k = b.op("Reshape", k, b.ints([0, 0, kv_heads, head_dim]))  # [batch, seq, kv_heads, head_dim]
@@ -71,7 +72,7 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
             probs = b.cast(b.op("Softmax", b.cast(scores, FLOAT), axis=-1), b.dtype)
         out = b.op("MatMul", probs, values)  # [batch, heads, seq, head_dim]
         out = b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints([0, 0, cfg.q_dim]))
-        out = b.linear(out, w[p + "o.weight"], w.get(p + "o.bias"))  # [batch, seq, hidden]
+        out = b.linear(out, w[p + "o.weight"], w[p + "o.bias"] if cfg.o_bias else None)  # [batch, seq, hidden]
     return AttentionOutputs(out, present_key, present_value)
 
 

@@ -99,9 +99,6 @@ class CheckpointWeights:
             self._values[name] = value
         return self._values[name]
 
-    def get(self, name: str) -> ir.Value | None:
-        return self[name] if name in self._index else None
-
 
 def link_weights(ckpt_dir: Path, out_dir: Path) -> Path:
     """Put the checkpoint's rank0.safetensors into out_dir: a hard link, or a copy across filesystems.

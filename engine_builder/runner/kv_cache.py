@@ -40,7 +40,7 @@ def _kv_dtype(dtype) -> np.dtype:
 
 class KVCacheManager:
     def __init__(self, num_layers: int, batch_slots: int, kv_heads: int, max_seq: int, head_dim: int,
-                 dtype="float16") -> None:
+                 dtype="float16", host_buffers: bool = True) -> None:
         for name, value in (("num_layers", num_layers), ("batch_slots", batch_slots), ("kv_heads", kv_heads),
                             ("max_seq", max_seq), ("head_dim", head_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -50,8 +50,10 @@ class KVCacheManager:
         shape = (batch_slots, kv_heads, max_seq, head_dim)
         # np.zeros maps zero pages lazily: untouched positions of idle slots cost no RAM
         # per layer: [slots, kv_heads, max_seq, head_dim]
-        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers))
-        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers))
+        # host_buffers=False: slot bookkeeping only, for a backend whose cache lives on a GPU (it
+        # zeroes its own rows when a slot is freed); keys/values are then empty.
+        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
+        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
         self.lengths = np.zeros(batch_slots, np.int64)  # [slots] filled positions = graph past_lengths
         self._reserved = np.zeros(batch_slots, np.int64)  # [slots] prompt_len + max_new_tokens
         self._owner: list[object | None] = [None] * batch_slots
@@ -123,6 +125,17 @@ class KVCacheManager:
             # a generation-loop bug, not user input: it bypassed the stop-at-max_new_tokens check
             raise ValueError(f"slot {slot} would hold {new_length} positions but reserved {self._reserved[slot]}")
         self.lengths[slot] = new_length
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Forget positions length.. of this slot (zeroed, as on free), e.g. to re-prefill a sequence."""
+        self._check_slot(slot)
+        used = int(self.lengths[slot])
+        if not 0 <= length <= used:
+            raise ValueError(f"slot {slot} holds {used} positions; cannot rewind to {length}")
+        for k, v in zip(self.keys, self.values):
+            k[slot, :, length:used] = 0
+            v[slot, :, length:used] = 0
+        self.lengths[slot] = length
 
     def _check_slot(self, slot: int) -> object:
         if not 0 <= slot < self.batch_slots:

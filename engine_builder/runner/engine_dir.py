@@ -1,0 +1,103 @@
+"""An engine dir as the runner sees it: the manifest, the limits it was built for, its tokenizer.
+
+Everything a user can get wrong about the directory (missing, not an engine dir, built by a
+newer trtbuild, a file deleted) is an InputError naming the fix, raised before any session or
+engine is created.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from engine_builder.build_config import Limits
+from engine_builder.config import ModelConfig, from_dict
+from engine_builder.errors import ConfigError, InputError
+
+GENERATION_CONFIG = "generation_config.json"
+# Copies of engine_builder.build's names: importing build.py pulls in the graph builder and every
+# pass (~1.5 s), which `trtbuild run` does not need. tests/runner/test_engine_dir.py keeps them equal.
+ENGINE_SCHEMA = "trtbuild.engine"
+ENGINE_SCHEMA_VERSION = 1
+ORT_MODEL = "model.onnx"
+ENGINE_FILE = "rank0.engine"
+
+
+@dataclass(frozen=True)
+class EngineDir:
+    path: Path
+    model: ModelConfig
+    limits: Limits  # max_batch (KV slots), max_input_len (longest prompt), max_seq_len (KV positions)
+    dtype: str  # float32 | float16 | bfloat16: the graph's KV cache and activation dtype
+    targets: tuple[str, ...]
+    tensorrt: dict[str, Any] | None  # the manifest's "tensorrt" block (flavour, version, targets, profiles)
+    manifest: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path | str) -> EngineDir:
+        path = Path(path)
+        rebuild = f"build one with `trtbuild build <ckpt-dir> {path}`"
+        if not path.exists():
+            raise InputError(f"engine dir {path} does not exist; {rebuild}")
+        manifest_path = path / "config.json"
+        if not path.is_dir() or not manifest_path.is_file():
+            raise InputError(f"{path} is not an engine dir (no config.json); {rebuild}")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{manifest_path} is not valid JSON ({exc}); rebuild the engine dir") from None
+        if not isinstance(manifest, dict) or manifest.get("schema") != ENGINE_SCHEMA:
+            raise InputError(f"{path} is not a trtbuild engine dir (config.json schema is not {ENGINE_SCHEMA!r}; "
+                             f"a checkpoint dir?); {rebuild}")
+        if manifest.get("schema_version") != ENGINE_SCHEMA_VERSION:
+            raise InputError(f"{path} has engine schema {manifest.get('schema_version')}, this trtbuild reads "
+                             f"{ENGINE_SCHEMA_VERSION}; rebuild it with this version of trtbuild")
+        try:
+            model = from_dict(ModelConfig, manifest["model"], where="engine manifest model")
+            build = manifest["build"]
+            limits = from_dict(Limits, build["limits"], where="engine manifest limits")
+            dtype = str(build["dtype"])
+        except (KeyError, TypeError, ConfigError) as exc:
+            raise InputError(f"{manifest_path} is incomplete or from another trtbuild ({exc}); "
+                             "rebuild the engine dir") from None
+        if not (path / ORT_MODEL).is_file():
+            raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
+                             "rebuild the engine dir")
+        return cls(path=path, model=model, limits=limits, dtype=dtype,
+                   targets=tuple(manifest.get("targets", ())), tensorrt=manifest.get("tensorrt"),
+                   manifest=manifest)
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.path / ORT_MODEL
+
+    @property
+    def engine_path(self) -> Path:
+        return self.path / ENGINE_FILE
+
+    @cached_property
+    def generation_config(self) -> dict[str, Any]:
+        """The checkpoint's generation_config.json ({} when it had none)."""
+        file = self.path / GENERATION_CONFIG
+        if not file.is_file():
+            return {}
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{file} is not valid JSON ({exc}); fix or delete it") from None
+        return data if isinstance(data, dict) else {}
+
+    def load_tokenizer(self) -> Any:
+        """The HF fast tokenizer saved beside the engine (tokenizer.json, chat template...)."""
+        if not (self.path / "tokenizer.json").is_file() and not (self.path / "tokenizer_config.json").is_file():
+            raise InputError(f"{self.path} has no tokenizer files; the checkpoint lacked them: copy the model's "
+                             "tokenizer.json / tokenizer_config.json into the engine dir")
+        from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+
+        try:
+            return AutoTokenizer.from_pretrained(str(self.path))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot load the tokenizer in {self.path}: {exc}".replace("\n", " ")) from None

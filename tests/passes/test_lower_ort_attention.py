@@ -1,0 +1,120 @@
+"""lower_ort_attention on every tiny architecture: op counts, numerics against the unfused graph,
+the exact limits of onnxruntime's CPU GroupQueryAttention, and the in-place KV cache update."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from ort_check import decoder_feeds
+from ort_lowering_check import STEPS, assert_matches_unfused, fused_decoder, save_beside, session, top_level_counts
+
+from passes.base import get_pass
+from passes.graph_stats import op_counts
+
+GQA = "com.microsoft.GroupQueryAttention"
+# ORT 1.31.1 CPU: a multi-token step over a non-empty cache needs batch 1
+GQA_LIMIT = "batch_size must be 1 when sequence_length > 1 and past context is given"
+
+
+@pytest.fixture
+def fused(arch, tiny_model_dir, tmp_path):
+    return fused_decoder(tiny_model_dir(arch), tmp_path)
+
+
+def test_lowers_every_layer_and_keeps_numerics(fused):
+    cfg, path, model = fused
+    layers = cfg.num_layers
+    before = op_counts(model)
+    assert get_pass("lower_ort_attention").apply(model) == layers
+    top, every = top_level_counts(model), op_counts(model)
+    # one If per layer: GroupQueryAttention, or the TensorScatter/Attention block as a fallback
+    assert top["If"] == every[GQA] == every["Attention"] == layers
+    assert top["Attention"] == top["TensorScatter"] == top[GQA] == 0
+    assert every["TensorScatter"] == 2 * layers
+    rotary = [n for n in model.graph if n.op_type == "RotaryEmbedding"]  # 3-D [batch, seq, heads * dim]
+    assert len(rotary) == 2 * layers and all("num_heads" in n.attributes for n in rotary)
+    # q, k, v and the output no longer change layout: only the weight transposes remain
+    assert top["Transpose"] == before["Transpose"] - 4 * layers
+    windows = [n.attributes["local_window_size"].value for n in ir.traversal.RecursiveGraphIterator(model.graph)
+               if n.op_type == "GroupQueryAttention" and "local_window_size" in n.attributes]
+    assert windows == [cfg.sliding_window] * cfg.layer_types.count("sliding_attention")
+
+    lowered = save_beside(model, path, "lowered")
+    for level in ("disable_all", "basic"):
+        assert_matches_unfused(path, lowered, level)
+    assert get_pass("lower_ort_attention").apply(model) == 0  # idempotent
+    assert "no Attention-24" in get_pass("lower_ort_attention").why_not(model)
+
+
+def _without_fallback(model: ir.Model) -> None:
+    """Replace each If by its GroupQueryAttention branch: GQA alone, on every step."""
+    for node in [n for n in model.graph if n.op_type == "If"]:
+        (gqa,) = node.attributes["then_branch"].value
+        alone = ir.Node(gqa.domain, gqa.op_type, list(gqa.inputs), attributes=list(gqa.attributes.values()),
+                        num_outputs=3, name=f"{node.name}.gqa")
+        model.graph.insert_before(node, alone)
+        for old, new in zip(node.outputs, alone.outputs):
+            name, old.name = old.name, f"{old.name}.if"
+            new.name, new.shape, new.type = name, old.shape, old.type
+            ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+
+
+def test_gqa_alone_is_exact_where_cpu_gqa_accepts_the_step(fused):
+    """The GQA branch by itself: exact (causal per sequence, sliding window, soft-cap) on every step
+    but one, which onnxruntime refuses; that step is why the pass keeps a fallback branch."""
+    _, path, model = fused
+    get_pass("lower_ort_attention").apply(model)
+    _without_fallback(model)
+    assert top_level_counts(model)["If"] == 0
+    gqa_only = save_beside(model, path, "gqa_only")
+    refused = [(seq, past) for seq, past in STEPS if seq > 1 and len(past) > 1 and max(past) > 0]
+    assert_matches_unfused(path, gqa_only, "basic", [s for s in STEPS if s not in refused])
+    sess = session(gqa_only, "basic")
+    for seq, past in refused:
+        with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match=GQA_LIMIT):
+            sess.run(None, decoder_feeds(sess, batch=len(past), seq=seq, past=past))
+
+
+@pytest.mark.parametrize("seq, past", [(1, [7, 3]), (5, [3, 9])], ids=["decode", "fallback-prefill"])
+def test_cache_is_updated_in_place_through_io_binding(fused, seq, past):
+    """past_key.i and present_key.i bound to one OrtValue: the step writes the new tokens into that
+    buffer and leaves the rest alone. Slots above each sequence's new length hold a sentinel: GQA
+    without a shared buffer rebuilds present and zero-fills them, so a surviving sentinel shows
+    no copy was made; the outputs must still match the unfused graph."""
+    _, path, model = fused
+    get_pass("lower_ort_attention").apply(model)
+    lowered = session(save_beside(model, path, "lowered"), "basic")
+    reference = session(path)
+    feeds = decoder_feeds(reference, batch=len(past), seq=seq, past=past)
+    caches = [k for k in feeds if k.startswith(("past_key.", "past_value."))]
+    for k in caches:
+        for b, n in enumerate(past):
+            feeds[k][b, :, n + seq:] = 7.0  # masked for every query, so the reference ignores it too
+    expected = dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds)))
+
+    bound = {k: ort.OrtValue.ortvalue_from_numpy(feeds[k].copy()) for k in caches}
+    addresses = {k: v.data_ptr() for k, v in bound.items()}
+    io = lowered.io_binding()
+    for name, value in feeds.items():
+        if name in bound:
+            io.bind_ortvalue_input(name, bound[name])
+        else:
+            io.bind_cpu_input(name, value)
+    io.bind_output("logits")
+    for k in caches:
+        io.bind_ortvalue_output(k.replace("past_", "present_"), bound[k])
+    lowered.run_with_iobinding(io)
+
+    outputs = dict(zip([o.name for o in lowered.get_outputs()], io.get_outputs()))
+    np.testing.assert_allclose(outputs["logits"].numpy(), expected["logits"], atol=1e-4, rtol=1e-4)
+    for k in caches:
+        present = k.replace("past_", "present_")
+        assert outputs[present].data_ptr() == bound[k].data_ptr() == addresses[k]
+        buffer = bound[k].numpy()
+        np.testing.assert_allclose(buffer, expected[present], atol=1e-4, rtol=1e-4, err_msg=present)
+        for b, n in enumerate(past):
+            assert np.all(buffer[b, :, n + seq:] == 7.0), f"{present}: slots above the new tokens were rewritten"
+            assert not np.allclose(buffer[b, :, n:n + seq], feeds[k][b, :, n:n + seq]), "new tokens not written"
