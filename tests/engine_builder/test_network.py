@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 from extra_models import ALL_MODELS
+from hf_reference import hf_greedy, load_hf, prompt_of
 from ort_helpers import OrtDecoder
 from safetensors.torch import load_file, save_file
 
@@ -52,24 +53,6 @@ def built(model_dir, checkpoint_dir, tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def load_hf(hf_dir: Path, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
-    # a fresh model per reference run: dynamic rope keeps state between calls
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="eager")
-    model.generation_config.eos_token_id = None  # random weights may emit EOS; we want every step
-    return model.eval()
-
-
-def hf_greedy(hf_dir: Path, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
-    out = load_hf(hf_dir).generate(
-        torch.tensor([prompt]), do_sample=False, max_new_tokens=steps, output_logits=True,
-        return_dict_in_generate=True, pad_token_id=0)
-    return out.sequences[0, len(prompt):].tolist(), [step[0].numpy() for step in out.logits]
-
-
-def prompt_of(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
-    return np.random.default_rng(seed).integers(3, vocab, length).tolist()
 
 
 def assert_greedy_matches(b: Built, prompt: list[int], steps: int = STEPS) -> None:
