@@ -123,13 +123,12 @@ def plan_conversion(converter: type[Converter], cfg: ModelConfig,
     parts: dict[str, dict[int, str]] = {}
     dropped: list[str] = []
     for name in infos:
-        for pattern, target in patterns:
-            if m := pattern.match(name):
-                break
-        else:
+        found = next(((m, target) for pattern, target in patterns if (m := pattern.match(name))), None)
+        if found is None:
             raise InputError(
                 f"tensor {name!r} is not in the {converter.model_type} weight map; the checkpoint "
                 f"does not match its config.json model_type (or is a variant we do not support)")
+        m, target = found
         layer = m.groupdict().get("layer")
         if layer is not None and int(layer) >= cfg.num_layers:
             raise InputError(

@@ -25,6 +25,7 @@ from engine_builder.memory import PeakRss
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # dtype -> bytes per element
 WEIGHTS_FILE = "rank0.safetensors"
+CAST_CHUNK_BYTES = 4 << 20  # source bytes cast per step: a multiple of every element size
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
+        while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -149,13 +150,29 @@ def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: s
         raise UnsupportedError(
             f"tensor {name!r} is {source_dtype}; pre-quantized checkpoints are not supported yet, "
             f"convert the unquantized model")
-    raw = source.raw_range(name) if source_dtype == dtype else None
-    if raw is not None:
+    raw = source.raw_range(name)
+    if raw is not None and source_dtype == dtype:
         writer.append_range(canonical, *raw)
         return
     import torch  # only casts and dequantization need it
 
-    writer.append(canonical, source.load(name).to(getattr(torch, dtype)))  # [rows, ...]
+    if raw is None:  # e.g. GGUF blocks: dequantize the whole tensor
+        writer.append(canonical, source.load(name).to(getattr(torch, dtype)))  # [rows, ...]
+        return
+    # cast in bounded chunks read with plain file I/O (no mapping whose pages would count as
+    # ours), so memory stays at two chunks whatever the tensor size
+    path, offset, nbytes = raw
+    src_dtype, dst_dtype = getattr(torch, source_dtype), getattr(torch, dtype)
+    buffer = bytearray(min(CAST_CHUNK_BYTES, nbytes))
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while nbytes:
+            n = f.readinto(memoryview(buffer)[:min(len(buffer), nbytes)])
+            if not n:
+                raise InputError(f"{path} ended early while reading {name!r}; the file is truncated")
+            part = torch.frombuffer(buffer, dtype=src_dtype, count=n // src_dtype.itemsize)  # flat
+            writer.append(canonical, part.to(dst_dtype))
+            nbytes -= n
 
 
 def _write_generation_config(out: Path, hf: dict) -> bool:

@@ -2,7 +2,8 @@
 
 The decomposed write is a ScatterND whose indices put token t of sequence b at slot
 past_lengths[b] + t of every KV head:
-    idx = Concat(Expand(batch_index), Expand(head_index), Expand(Unsqueeze(Unsqueeze(past_lengths, 1) + Range(0, seq, 1), [1, 3])))
+    positions = Unsqueeze(Unsqueeze(past_lengths, 1) + Range(0, seq, 1), [1, 3])
+    idx = Concat(Expand(batch_index), Expand(head_index), Expand(positions))
     present = ScatterND(past, idx, update)
 which is exactly TensorScatter(past, update, write_indices=past_lengths, axis=-2, mode="linear").
 """

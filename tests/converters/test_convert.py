@@ -177,9 +177,7 @@ def test_streaming_peak_memory_is_bounded_by_largest_tensor(tmp_path, dtype):
     ratio = result.peak_rss_bytes / result.largest_tensor_bytes
     print(f"{dtype}: peak RSS {ratio:.2f}x the largest tensor")
     assert ratio <= 3, result
-    if dtype == "float32":  # unchanged dtype: bytes never enter the process
-        assert ratio < 0.5, result
-    else:  # a cast holds the source tensor and its cast copy
-        assert ratio >= 1, result
+    # unchanged dtype: bytes never enter the process; a cast holds two 4 MiB chunks at a time
+    assert ratio < 0.5, result
     out = load_file(tmp_path / "ckpt" / "rank0.safetensors")
     assert out["layers.3.mlp.down.weight"].dtype == getattr(torch, dtype)

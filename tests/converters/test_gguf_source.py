@@ -15,7 +15,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
