@@ -98,3 +98,10 @@ def common(hf: dict[str, Any], tie_default: bool) -> dict[str, Any]:
 
 def gemma_embedding_multiplier(hidden_size: int) -> float:
     return math.sqrt(hidden_size)
+
+
+def uniform_window(hf: dict[str, Any], num_layers: int) -> tuple[int | None, tuple[LayerType, ...]]:
+    """mistral, phi3: one sliding_window for every layer when the config sets it."""
+    window = hf.get("sliding_window")
+    kind: LayerType = "sliding_attention" if window else "full_attention"
+    return window, layer_types(hf, [kind] * num_layers)

@@ -34,9 +34,6 @@ class Phi3Converter(Converter):
     @classmethod
     def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         kw = hf_config.common(hf, tie_default=False)
-        window = hf.get("sliding_window")
-        kind = "sliding_attention" if window else "full_attention"
-        return ModelConfig(
-            architecture=cls.model_type, **kw, rope=hf_config.rope(hf, kw["head_dim"]),
-            sliding_window=window, layer_types=hf_config.layer_types(hf, [kind] * kw["num_layers"]),
-        )
+        window, types = hf_config.uniform_window(hf, kw["num_layers"])
+        return ModelConfig(architecture=cls.model_type, **kw, rope=hf_config.rope(hf, kw["head_dim"]),
+                           sliding_window=window, layer_types=types)

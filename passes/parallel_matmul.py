@@ -7,8 +7,12 @@ of candidate nodes, which grows with the cube of the graph size for three projec
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import onnx_ir as ir
+
+from passes.base import Pass
 
 
 def _weight(node: ir.Node) -> np.ndarray | None:
@@ -62,3 +66,20 @@ def fuse_group(model: ir.Model, nodes: list[ir.Node], name: str) -> None:
     for w in weights:
         if not w.uses() and w.name in graph.initializers:
             del graph.initializers[w.name]
+
+
+class ParallelMatMulPass(Pass):
+    """Fuses every group of exactly `fan_out` MatMuls sharing an input; subclasses name the group."""
+
+    fan_out: ClassVar[int]
+    what: ClassVar[str]  # "qkv", "gate_up": names the fused weights and the why-not message
+
+    def apply(self, model: ir.Model) -> int:
+        groups = parallel_groups(model, self.fan_out)
+        for i, nodes in enumerate(groups):
+            fuse_group(model, nodes, f"fused_{self.what}.{i}")
+        return len(groups)
+
+    def why_not(self, model: ir.Model) -> str | None:
+        return (f"no activation feeds exactly {self.fan_out} MatMuls with constant weights of one input size "
+                f"(graphs from trtbuild's own emitter already read a fused {self.what} weight)")

@@ -61,4 +61,4 @@ def test_fuse_gate_up():
 def test_why_not_explains():
     model = projections_model()
     get_pass("fuse_qkv").apply(model)
-    assert "three MatMuls" in get_pass("fuse_qkv").why_not(model)
+    assert "exactly 3 MatMuls" in get_pass("fuse_qkv").why_not(model)
