@@ -134,6 +134,7 @@ def _build_trt(onnx_path: Path, engine_path: Path, config: BuildConfig, inputs: 
     options = TrtBuildOptions(
         compute_capabilities=config.compute_capabilities, opt_level=config.opt_level,
         profiles=trt_profiles(config, inputs), flavour=config.trt_flavour,  # type: ignore[arg-type]
+        refittable=config.weights == "refittable", strip_weights=config.weights == "stripped",
         # TensorRT-RTX has no fp32 attention kernel: let it build fp32 attention from plain ops
         decomposable_attention=config.dtype == "float32")
     report = build_engine(onnx_path, engine_path, options, progress)

@@ -59,6 +59,10 @@ class BuildConfig:
     compute_capabilities: tuple[str, ...] = ("sm80", "sm86", "sm89", "sm120")
     opt_level: int = 3
     trt_flavour: str = "auto"
+    # embedded: the engine carries its weights. refittable: weights can be swapped after the
+    # build. stripped: the plan omits the weights the checkpoint holds and is refitted from
+    # rank0.safetensors at load (TensorRT-RTX 1.7 cannot build either without a GPU).
+    weights: str = "embedded"
     passes: PassLists = field(default_factory=PassLists)
 
     def validate(self) -> None:
@@ -71,6 +75,8 @@ class BuildConfig:
             raise ConfigError(f"trt_flavour {self.trt_flavour!r} is not one of auto, tensorrt, tensorrt_rtx")
         if not 0 <= self.opt_level <= 5:
             raise ConfigError(f"opt_level must be 0..5, got {self.opt_level}")
+        if self.weights not in ("embedded", "refittable", "stripped"):
+            raise ConfigError(f"weights {self.weights!r} is not one of embedded, refittable, stripped")
 
 
 @dataclass(frozen=True)

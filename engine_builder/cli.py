@@ -13,7 +13,17 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from engine_builder.errors import InputError, TrtbuildError
@@ -135,6 +145,9 @@ def build(
     cc: Annotated[str | None, typer.Option(help="TensorRT compute capability targets, e.g. sm80,sm86,sm89,sm120 "
                                                 "(the default). TensorRT-RTX cannot target sm90.")] = None,
     opt_level: Annotated[int | None, typer.Option(help="TensorRT builder optimization level 0-5 (default 3).")] = None,
+    weights: Annotated[str | None, typer.Option(help="embedded (default), refittable, or stripped: the engine "
+                                                     "omits the checkpoint's weights and is refitted at load "
+                                                     "(needs a GPU at build time with TensorRT-RTX 1.7).")] = None,
     recipe: Annotated[Path | None, typer.Option(help="YAML recipe with build settings (see recipes/).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value, e.g. "
                                                    "limits.max_seq_len=4096 or passes.tensorrt=[...].")] = None,
@@ -160,6 +173,7 @@ def build(
     config = load_recipe(recipe).build if recipe else BuildConfig()
     flags: dict[str, Any] = {"dtype": dtype, "limits.max_batch": max_batch, "limits.max_input_len": max_input_len,
                              "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
+                             "weights": weights,
                              "compute_capabilities": cc.split(",") if cc else None}
     if target != "all" or not recipe:
         flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
@@ -177,8 +191,9 @@ def build(
             raise InputError("missing arguments: trtbuild build CKPT OUT (see --help)")
         from engine_builder.build import build as build_engine_dir
 
-        with stage_status(enabled=not as_json) as stage:
-            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage)
+        with build_progress(enabled=not as_json) as (stage, trt_progress):
+            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
+                                      trt_progress=trt_progress)
     if as_json:
         print_json(result)
         return
@@ -194,9 +209,33 @@ def build(
 
 
 @contextlib.contextmanager
-def stage_status(enabled: bool) -> Iterator[Callable[[str], None]]:
-    with stderr.status("building", spinner="dots") if enabled else contextlib.nullcontext() as status:
-        yield (lambda text: status.update(text)) if status else (lambda text: None)
+def build_progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Callable[[Any], None]]]:
+    """A line per build stage, and bars for TensorRT's own phases (from its progress monitor)."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                        TimeElapsedColumn(), console=stderr, disable=not enabled, transient=True)
+    stage_task = progress.add_task("building", total=None)
+    phases: dict[str, Any] = {}
+
+    def on_stage(text: str) -> None:
+        progress.update(stage_task, description=text)
+
+    nested: set[str] = set()
+
+    def on_trt(event: Any) -> None:
+        if event.kind == "start":
+            if event.parent:
+                nested.add(event.phase)
+            phases[event.phase] = progress.add_task(f"{'    ' if event.parent else '  '}TensorRT: {event.phase}",
+                                                    total=event.total if event.total > 0 else None)
+        elif event.phase in phases:
+            progress.update(phases[event.phase], completed=event.step)
+            if event.kind == "finish" and event.phase in nested:  # nested phases come and go
+                progress.remove_task(phases.pop(event.phase))
+        # TensorRT builds without releasing the GIL, so rich's refresh thread cannot draw: draw here
+        progress.refresh()
+
+    with progress:
+        yield on_stage, on_trt
 
 
 @app.command()

@@ -119,6 +119,8 @@ def test_recipe_reproduces_graph_hash(checkpoint_dir, tmp_path):
     (["--trt-flavour", "tensorrt"], ["pip install"]),
     (["--set", "passes.tensorrt=[fuse_everything]"], ["unknown pass 'fuse_everything'", "fuse_rotary"]),
     (["--set", "limits.max_seqlen=5"], ["unknown key 'max_seqlen'", "max_seq_len"]),
+    (["--weights", "stripped", "--cc", "sm86"], ["weight-stripped engines only with a GPU"]),
+    (["--weights", "shared"], ["weights 'shared' is not one of embedded, refittable, stripped"]),
 ])
 def test_bad_build_input(checkpoint_dir, tmp_path, args, needles):
     out = tmp_path / "engine"
@@ -143,10 +145,11 @@ def test_inspect_refuses_corrupt_or_foreign_dirs(checkpoint_dir, tmp_path):
 
 
 def test_ort_only_op_in_tensorrt_graph_names_node_and_pass(checkpoint_dir, tmp_path):
-    from engine_builder.errors import UnsupportedError
-    from engine_builder.target_check import check_target_ops
-    from engine_builder.network import NetworkOptions, build_decoder
     import onnx_ir as ir
+
+    from engine_builder.errors import UnsupportedError
+    from engine_builder.network import NetworkOptions, build_decoder
+    from engine_builder.target_check import check_target_ops
 
     model = build_decoder(checkpoint_dir("llama"), NetworkOptions(max_seq_len=32))
     node = next(n for n in model.graph if n.op_type == "Softmax")
