@@ -25,7 +25,9 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
     # TensorRT-RTX takes Attention-24 with an explicit mask (it ignores nonpad_kv_seqlen and aligns
     # is_causal top-left), TensorScatter-24 and RotaryEmbedding-23, but no Attention softcap
     "tensorrt": (*FUSIONS, "eliminate_dead_code"),
-    "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "eliminate_dead_code"),
+    # onnxruntime: GroupQueryAttention updating a shared past/present buffer in place
+    "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "lower_ort_attention", "lower_ort_norms",
+                    "eliminate_dead_code"),
 }
 
 

@@ -2,9 +2,9 @@
 
 from passes import (  # noqa: F401
     eliminate_dead_code,
+    fold_constants,
     fuse_attention,
     fuse_attention_softcap,
-    fold_constants,
     fuse_gate_up,
     fuse_kv_cache_update,
     fuse_qkv,

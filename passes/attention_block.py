@@ -15,11 +15,12 @@ is exactly that causal (+ window) mask, so the mask is traced back to past_lengt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from passes.fuse_kv_cache_update import _is_arange
+from passes.fuse_kv_cache_update import is_arange
 
 BHSD = [0, 2, 1, 3]
 # the emitter fills hidden slots with the dtype's minimum; anything this low underflows exp to 0
@@ -71,7 +72,7 @@ def _producer(value: ir.Value | None, op_type: str, what: str) -> ir.Node:
     return node
 
 
-def _attr(node: ir.Node, name: str, default):
+def _attr(node: ir.Node, name: str, default: Any) -> Any:
     attr = node.attributes.get(name)
     return default if attr is None else attr.value
 
@@ -114,7 +115,7 @@ def _query_positions(value: ir.Value, past_lengths: ir.Value) -> None:
     for lengths, steps in (add.inputs, reversed(add.inputs)):
         node = lengths.producer()
         if (node is not None and node.op_type == "Unsqueeze" and node.inputs[0] is past_lengths
-                and _ints(node.inputs[1]) == [1] and _is_arange(steps, axis=1)):
+                and _ints(node.inputs[1]) == [1] and is_arange(steps, axis=1)):
             return
     raise NoMatch("query positions are not past_lengths + arange(seq)")
 
@@ -155,7 +156,7 @@ def _check_slots(value: ir.Value, max_seq: int) -> None:
 def find_attention_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
     if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
         raise NoMatch(f"{node.op_type} is not Attention-24")
-    inputs = [i for i in node.inputs]
+    inputs = list(node.inputs)
     if len(inputs) != 4 or any(i is None for i in inputs) or any(o.uses() for o in node.outputs[1:]):
         raise NoMatch("Attention has past/present inputs or extra outputs in use")
     for name in ("is_causal", "qk_matmul_output_mode", "q_num_heads", "kv_num_heads"):
@@ -189,5 +190,5 @@ def find_attention_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
     head_dim = shape[3]
     return AttentionBlock(node, q_heads, k_heads, v_heads, rotary, past_key, past_value, present_key,
                           present_value, past_lengths, heads=q_shape[2], kv_heads=shape[1], head_dim=head_dim,
-                          scale=float(_attr(node, "scale", head_dim ** -0.5)), softcap=float(_attr(node, "softcap", 0.0)),
-                          window=window)
+                          scale=float(_attr(node, "scale", head_dim ** -0.5)),
+                          softcap=float(_attr(node, "softcap", 0.0)), window=window)

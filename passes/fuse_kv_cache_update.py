@@ -25,7 +25,7 @@ def _ints(value: ir.Value | None) -> list[int] | None:
     return [int(v) for v in value.const_value.numpy().reshape(-1)]
 
 
-def _is_arange(value: ir.Value, axis: int) -> bool:
+def is_arange(value: ir.Value, axis: int) -> bool:
     """0, 1, 2, ... along `axis` of a [batch, seq] grid, in either form emitters write it:
     Range(0, n, 1) (possibly reshaped), or CumSum(ones, axis) - 1 (possibly unsqueezed)."""
     node = value.producer()
@@ -62,9 +62,9 @@ class KvCacheWrite(pattern.RewriteRuleClassBase):
         result = pattern.MatchResult()
         if _ints(ax1) != [1] or _ints(ax2) != [1, 3]:
             return result.fail("positions are not laid out as [batch, 1, seq, 1]", ax1)
-        if not _is_arange(steps, axis=1):
+        if not is_arange(steps, axis=1):
             return result.fail("token offsets are not Range(0, seq, 1)", steps)
-        if not _is_arange(batch_index, axis=0):
+        if not is_arange(batch_index, axis=0):
             return result.fail("batch index is not Range(0, batch, 1)", batch_index)
         heads = head_index.const_value.numpy() if head_index.const_value is not None else None
         if heads is None or not np.array_equal(heads.reshape(-1), np.arange(heads.size)):

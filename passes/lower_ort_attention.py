@@ -2,10 +2,12 @@
 
 onnxruntime's GroupQueryAttention (GQA) takes q/k/v as [batch, seq, heads * head_dim], writes the
 new keys/values into past_key/past_value [batch, kv_heads, max_seq, head_dim] at each sequence's
-own offset and attends causally over each sequence's own length. When past_key.{i} and
-present_key.{i} are bound to the same OrtValue (IO binding), it detects the shared buffer and
-writes only the new tokens: no per-step copy of the whole cache, unlike TensorScatter. Per block
-(see passes/attention_block.py for what is matched):
+own offset and attends causally over each sequence's own length only (Attention-24 scores all
+max_seq slots against a mask: 4-5x slower per layer in a SmolLM2-shaped decode step). When
+past_key.{i} and present_key.{i} are bound to the same OrtValue (IO binding), it detects the
+shared buffer and writes only the new tokens: no per-step copy of the cache. And q/k/v/output
+keep the [batch, seq, hidden] layout, so the four Transposes per layer go. Per block (see
+passes/attention_block.py for what is matched):
 
     q3 = RotaryEmbedding([batch, seq, heads * head_dim], cos, sin, num_heads)   # k3 likewise; v3 as is
     If(seq == 1 or batch == 1 or max(past_lengths) == 0)
@@ -24,8 +26,13 @@ Semantics checked against the unfused graph (tests/passes/test_lower_ort_attenti
     local_window_size W keeps slots j > p - W, exactly transformers' sliding window.
   * rotary stays our RotaryEmbedding-23 (3-D form): GQA's do_rotary would derive positions from
     seqlens_k (ignoring position_ids) and needs a static [max_pos, rot/2] table, which dynamic and
-    longrope scaling do not have; at decode it saves well under 1% (benchmarks/ort_lowering.py).
-  * CPU GQA has float32 and float16 kernels only, and needs head_dim % 8 == 0.
+    longrope scaling do not have. The RotaryEmbedding kernels are ~1% of a SmolLM2-shaped decode
+    step (onnxruntime profile, 6-7 us per node), the most do_rotary could save.
+  * the If costs ~16 us per layer beyond its GQA (same profile), ~1% of that decode step.
+  * CPU GQA has float32 and float16 kernels only (bfloat16: "Could not find an implementation"),
+    and needs head_dim % 8 == 0.
+  * with past/present in separate buffers GQA writes zeros above each sequence's length, where
+    the unfused graph copies the past buffer: identical under graph_io's zero-filled buffers.
 """
 
 from __future__ import annotations
@@ -98,7 +105,10 @@ def _flat(e: _Emitter, heads: ir.Value, width: int) -> ir.Value:
 def _output_tail(block: AttentionBlock) -> ir.Value | None:
     """The Reshape(Transpose(attention, BHSD), [0, 0, heads * head_dim]) value, if that is the only consumer."""
     uses = block.attention.outputs[0].uses()
-    if len(uses) != 1 or uses[0].node.op_type != "Transpose" or list(uses[0].node.attributes["perm"].value) != BHSD:
+    if len(uses) != 1 or uses[0].node.op_type != "Transpose":
+        return None
+    perm = uses[0].node.attributes.get("perm")
+    if perm is None or list(perm.value) != BHSD:
         return None
     after = uses[0].node.outputs[0].uses()
     if len(after) != 1 or after[0].node.op_type != "Reshape":
@@ -122,7 +132,8 @@ def _check(block: AttentionBlock) -> None:
 
 def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitter) -> None:
     b, heads, kv_heads, dim = block, block.heads, block.kv_heads, block.head_dim
-    q3, k3, v3 = _flat(e, b.q_heads, heads * dim), _flat(e, b.k_heads, kv_heads * dim), _flat(e, b.v_heads, kv_heads * dim)
+    q3 = _flat(e, b.q_heads, heads * dim)  # [batch, seq, heads * head_dim]
+    k3, v3 = _flat(e, b.k_heads, kv_heads * dim), _flat(e, b.v_heads, kv_heads * dim)
     if b.rotary is not None:
         rot = {"interleaved": b.rotary.interleaved, **({"rotary_embedding_dim": b.rotary.dim} if b.rotary.dim else {})}
         q3 = e.op("RotaryEmbedding", q3, b.rotary.cos, b.rotary.sin, num_heads=heads, **rot)
@@ -191,8 +202,8 @@ class LowerOrtAttention(Pass):
         shared = _Emitter(graph, "ort_attention.step")
         step = _StepInputs(shared, blocks[0])
         graph.insert_before(blocks[0].attention, shared.nodes)
-        for i, block in enumerate(blocks):
-            _lower(graph, block, step, _Emitter(graph, f"ort_attention.{i}"))
+        for block in blocks:
+            _lower(graph, block, step, _Emitter(graph, f"ort_attention.{block.present_key.name}"))
         ir.passes.common.RemoveUnusedNodesPass()(model)
         model.opset_imports.setdefault(MS_DOMAIN, 1)
         return len(blocks)

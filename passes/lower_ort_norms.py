@@ -4,13 +4,15 @@
  -> y, _, _, s = SkipSimplifiedLayerNormalization(x, skip, gamma, epsilon)
 
 One kernel reads x and skip once and writes both the normalized value and the residual sum.
-Only float32 is lowered: in 16-bit graphs the unfused Add rounds the sum before normalizing,
-the fused kernel does not, so the outputs would drift from the reference graph.
+In a SmolLM2-shaped decode step (onnxruntime 1.31 profile, 2 threads) it takes 12 us where
+Add + RMSNormalization took 6 + 7 us at batch 1, and 17 us vs 9 + 11 us at batch 8: a small
+win (~0.2% of the step), kept because it is exact and free. Only float32 is lowered: in 16-bit
+graphs the unfused Add rounds the sum before normalizing and the fused kernel does not.
 
-A lone RMSNormalization is left as it is: onnxruntime 1.31 runs RMSNormalization-23 and its
-SimplifiedLayerNormalization at the same speed (measured 0.50 vs 0.50 us at [1, 1, 576],
-1.6 vs 1.6 us at [8, 1, 576], 2.1 vs 2.1 us at [8, 1, 9, 64], 2 threads), so there is nothing to
-gain from the non-standard op.
+A lone RMSNormalization (layer 0, final norm, q/k norms) is left alone: onnxruntime 1.31 runs
+RMSNormalization-23 and its SimplifiedLayerNormalization equally fast (0.50 vs 0.50 us at
+[1, 1, 576], 1.6 vs 1.6 us at [8, 1, 576], 2.1 vs 2.1 us at [8, 1, 9, 64]), so the
+non-standard op would buy nothing.
 """
 
 from __future__ import annotations

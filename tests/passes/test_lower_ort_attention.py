@@ -118,3 +118,14 @@ def test_cache_is_updated_in_place_through_io_binding(fused, seq, past):
         for b, n in enumerate(past):
             assert np.all(buffer[b, :, n + seq:] == 7.0), f"{present}: slots above the new tokens were rewritten"
             assert not np.allclose(buffer[b, :, n:n + seq], feeds[k][b, :, n:n + seq]), "new tokens not written"
+
+
+def test_float16_graph_lowers_within_fp16_rounding(tiny_model_dir, tmp_path):
+    """CPU GQA has a float16 kernel too; results differ from the unfused graph by fp16 rounding only."""
+    _, path, model = fused_decoder(tiny_model_dir("llama"), tmp_path, dtype="float16")
+    assert get_pass("lower_ort_attention").apply(model) == 2
+    reference, lowered = session(path), session(save_beside(model, path, "lowered"), "basic")
+    for seq, past in STEPS:
+        feeds = decoder_feeds(reference, batch=len(past), seq=seq, past=past)
+        for e, g in zip(reference.run(None, feeds), lowered.run(None, feeds)):
+            np.testing.assert_allclose(g.astype(np.float32), e.astype(np.float32), atol=1e-3, rtol=1e-3)
