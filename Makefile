@@ -16,9 +16,11 @@ install: $(BIN)/.installed
 
 demo: install
 	mkdir -p $(DEMO_DIR)
-	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.bundled)" $(DEMO_DIR)/smollm2-ckpt --force
+	# fp16 weights for an fp16 engine: TensorRT then reads them as stored (no in-graph cast)
+	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.bundled)" $(DEMO_DIR)/smollm2-ckpt --dtype float16 --force
 	$(BIN)/trtbuild build $(DEMO_DIR)/smollm2-ckpt $(DEMO_DIR)/smollm2-engine --recipe recipes/smollm2-135m-fp16.yaml --force
 	$(BIN)/trtbuild inspect $(DEMO_DIR)/smollm2-engine
+	$(BIN)/trtbuild run $(DEMO_DIR)/smollm2-engine --chat --prompt "What is the capital of France?" --max-new-tokens 48
 
 test: install
 	$(BIN)/python -m pytest -q

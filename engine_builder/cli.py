@@ -277,5 +277,13 @@ def inspect(
     stdout.print(table)
 
 
+def _register_run() -> None:
+    from engine_builder.cli_run import run
+
+    app.command("run")(user_errors(run))
+
+
+_register_run()
+
 if __name__ == "__main__":
     app()
