@@ -66,7 +66,7 @@ class Backend(ABC):
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
         """KV positions [0, length) of slots src[i] -> slots dst[i], every layer (src may repeat)."""
 
-    def _zero_rows(self, slot: int, length: int) -> None:
+    def _zero_rows(self, slot: int, length: int) -> None:  # noqa: B027  (a no-op unless the cache is on a device)
         """Zero positions [0, length) of a slot in buffers the KVCacheManager does not own."""
 
     def release(self, slot: int) -> None:
@@ -88,7 +88,7 @@ class Backend(ABC):
             else:
                 self.kv.rewind(d, n)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: nothing to release by default)
         """Release engine resources; the backend cannot be used afterwards."""
 
 
@@ -124,7 +124,9 @@ def trt_verdict(engine: EngineDir) -> tuple[bool, str]:
     return compatibility_verdict(engine.tensorrt, engine_path=engine.engine_path)
 
 
-def open_backend(engine: EngineDir, backend: str = "auto") -> tuple[Backend, BackendChoice]:
+def open_backend(engine: EngineDir, backend: str = "auto", *,
+                 threads: int | None = None) -> tuple[Backend, BackendChoice]:
+    """The chosen backend, opened. threads: onnxruntime intra-op threads (default: physical cores)."""
     choice = choose_backend(engine, backend)
     if choice.name == "tensorrt":
         from engine_builder.runner.trt_backend import TrtBackend
@@ -132,7 +134,7 @@ def open_backend(engine: EngineDir, backend: str = "auto") -> tuple[Backend, Bac
         return TrtBackend(engine), choice
     from engine_builder.runner.ort_backend import OrtBackend
 
-    return OrtBackend(engine), choice
+    return OrtBackend(engine, threads=threads), choice
 
 
 def physical_cores() -> int:

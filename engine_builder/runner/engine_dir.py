@@ -90,6 +90,14 @@ class EngineDir:
             raise InputError(f"{file} is not valid JSON ({exc}); fix or delete it") from None
         return data if isinstance(data, dict) else {}
 
+    @cached_property
+    def graph_metadata(self) -> dict[str, str]:
+        """model.onnx's metadata_props (trtbuild.reprefill_after, trtbuild.kv_update...), graph only."""
+        import onnx
+
+        model = onnx.load(str(self.onnx_path), load_external_data=False)
+        return {p.key: p.value for p in model.metadata_props}
+
     def load_tokenizer(self) -> Any:
         """The HF fast tokenizer saved beside the engine (tokenizer.json, chat template...)."""
         if not (self.path / "tokenizer.json").is_file() and not (self.path / "tokenizer_config.json").is_file():

@@ -1,15 +1,22 @@
-"""Tokenizers for runner tests, all made offline: the real SmolLM2 one and two trained here."""
+"""Runner test fixtures, all made offline: tokenizers (the real SmolLM2 one and two trained here),
+engine dirs built from SmolLM2 and tiny random models, and the HF reference model."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+from runner_engines import GQA_PASSES, add_word_tokenizer, build_engine
 from sample_texts import ENGLISH_CORPUS, MULTILINGUAL
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.implementations import SentencePieceBPETokenizer
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
+
+from converters.convert import convert
+from engine_builder.build_config import Limits
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 
@@ -52,3 +59,68 @@ def byte_fallback_tokenizer() -> Tokenizer:
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     return tok
+
+
+# --- engine dirs for the generation tests (built once per session) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_ckpt(smollm2_gguf, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smollm2") / "ckpt"
+    convert(smollm2_gguf, out, dtype="float32")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_ckpt) -> Path:
+    """SmolLM2 fp32 with the default onnxruntime pass list."""
+    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gqa_engine(smollm2_ckpt) -> Path:
+    """SmolLM2 fp32 lowered to GroupQueryAttention (in-place KV through a shared buffer)."""
+    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine-gqa", ort_passes=GQA_PASSES)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_engine):
+    from engine_builder import LLM
+
+    llm = LLM(smollm2_engine, backend="onnxruntime")
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    """The reference: transformers' own GGUF loader, float32."""
+    import torch
+    import transformers
+
+    path = smollm2_gguf
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir, tmp_path_factory):
+    """tiny_engine(arch, limits=..., ort_passes=None, dtype="float32") -> (engine dir, HF dir with a
+    word tokenizer), built once per distinct arguments."""
+    made: dict[tuple, tuple[Path, Path]] = {}
+
+    def get(arch: str = "llama", limits: Limits = Limits(max_batch=4, max_input_len=32, max_seq_len=96),
+            ort_passes: tuple[str, ...] | None = None, dtype: str = "float32") -> tuple[Path, Path]:
+        key = (arch, limits, ort_passes, dtype)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"tiny-{arch}")
+            hf = root / "hf"
+            shutil.copytree(tiny_model_dir(arch), hf)
+            add_word_tokenizer(hf, 320)
+            convert(hf, root / "ckpt", dtype="float32")
+            made[key] = build_engine(root / "ckpt", root / "engine", limits, dtype, ort_passes), hf
+        return made[key]
+
+    return get

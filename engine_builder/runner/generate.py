@@ -1,0 +1,240 @@
+"""The generation loop: per-request prefill into a KV slot, then batched decode with continuous refill.
+
+    admit    a waiting request takes the lowest free KV slot; its prompt is prefilled alone
+             (batch 1, seq = prompt length) at that slot, and its first token is sampled
+    decode   one step over slots [0, hi) where hi = highest busy slot + 1: each busy row feeds
+             its last token at its own length (the graph's per-row past_lengths), so prompts of
+             any lengths share a step with no padding; a free row inside the range rides along
+             with token 0 at length 0 and its logits are ignored
+    finish   a request that stops frees its slot at once, and the next waiting request takes it
+             at the next admit (so more prompts than max_batch run in one call)
+
+Prefilling each prompt alone costs one engine call per request instead of one padded call,
+and buys exactness: every row sees exactly the computation it would see alone (checked by
+tests/runner/test_generate.py: a ragged batch gives each prompt's solo output).
+
+The loop yields Events (text deltas per request) after each step; time the consumer spends on
+them (printing, a network write) is not counted in the timings. Per-step Python overhead
+(everything in a decode step but the engine call) is measured in `Timings.overhead_share`.
+
+Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine_builder.errors import CapacityError, InputError
+from engine_builder.runner.backend import Backend
+from engine_builder.runner.detokenizer import IncrementalDetokenizer
+from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.stopping import FinishReason, StopChecker
+
+
+@dataclass(frozen=True)
+class Event:
+    request: int  # index into the prompts of this run
+    text: str  # new text safe to show (stop-string hold-back applied)
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Timings:
+    prefill_ms: float  # engine + sampling time of every prefill step (prompt -> first token)
+    decode_tok_s: float  # tokens from decode steps / time in decode steps, all requests together
+    decode_tokens: int
+    decode_steps: int
+    decode_seconds: float
+    execute_seconds: float  # inside the backend's engine call, decode steps only
+    overhead_share: float  # (decode_seconds - execute_seconds) / decode_seconds: Python per step
+
+    def to_json(self) -> dict[str, float]:
+        return {"prefill_ms": round(self.prefill_ms, 3), "decode_tok_s": round(self.decode_tok_s, 3),
+                "decode_tokens": self.decode_tokens, "decode_steps": self.decode_steps,
+                "overhead_share": round(self.overhead_share, 5)}
+
+
+@dataclass
+class RequestState:
+    """One request's progress. Mutable by design: it grows by a token per step."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingState
+    stop: StopChecker
+    slot: int | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    text: str = ""  # final text (filled when finished)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class _Clock:
+    """Sums of prefill / decode / engine time for one run."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.prefill = self.decode = self.execute = 0.0
+        self.decode_tokens = self.decode_steps = 0
+
+    def timings(self) -> Timings:
+        tok_s = self.decode_tokens / self.decode if self.decode > 0 else 0.0
+        share = (self.decode - self.execute) / self.decode if self.decode > 0 else 0.0
+        return Timings(self.prefill * 1e3, tok_s, self.decode_tokens, self.decode_steps, self.decode,
+                       self.execute, share)
+
+
+class Generator:
+    """Runs requests on one backend. One run at a time: the KV cache belongs to the run."""
+
+    def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int] = (),
+                 sampler: Sampler | None = None) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
+        self.sampler = sampler or Sampler()
+        self.timings: Timings | None = None  # of the last finished run
+        self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
+        self._running = False
+
+    # --- admission checks -------------------------------------------------------------------
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise a user error if this request can never run on this engine (before any work)."""
+        kv, limit = self.backend.kv, self.backend.max_input_len
+        if len(prompt_ids) == 0:
+            raise InputError("the prompt is empty; give at least one token of text")
+        if len(prompt_ids) > limit:
+            raise InputError(f"the prompt has {len(prompt_ids)} tokens but the engine takes at most {limit} "
+                             f"(max_input_len); shorten the prompt or rebuild with a larger max_input_len")
+        needed = len(prompt_ids) + params.max_new_tokens
+        if needed > kv.max_seq:
+            raise CapacityError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} = "
+                                f"{needed} exceeds the engine's max_seq_len {kv.max_seq}; lower max_new_tokens "
+                                f"to {kv.max_seq - len(prompt_ids)} or less, or rebuild with a larger max_seq_len")
+        if params.num_beams > kv.batch_slots:
+            raise CapacityError(f"num_beams {params.num_beams} needs one KV slot per beam but the engine has "
+                                f"{kv.batch_slots} (max_batch); lower num_beams or rebuild with a larger max_batch")
+
+    def new_request(self, index: int, prompt_ids: Sequence[int], params: SamplingParams) -> RequestState:
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+        state = SamplingState(params, prompt_ids, self.backend.vocab_size)
+        return RequestState(index, list(prompt_ids), params, state,
+                            StopChecker(params, detok, self.eos_token_ids),
+                            logprobs=[] if params.logprobs is not None else None)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def start(self, prompts: Sequence[Sequence[int]],
+              params: Sequence[SamplingParams]) -> tuple[list[RequestState], Iterator[Event]]:
+        """Check every request now (user errors before any work), then return their states and the
+        loop that generates for them; iterating it yields text deltas as they become safe to show,
+        and the states hold the final text, tokens and logprobs once it ends."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        for ids, p in zip(prompts, params):
+            self.check(ids, p)
+        requests = [self.new_request(i, ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
+        return requests, self._loop(requests)
+
+    def _loop(self, requests: list[RequestState]) -> Iterator[Event]:
+        if self._running:
+            raise InputError("this model is already generating (an unfinished stream?); finish or close it first")
+        clock = _Clock(self.backend)
+        self._running = True
+        try:
+            yield from self._run_sampled(deque(r for r in requests if r.params.num_beams == 1), clock)
+            for r in requests:
+                if r.params.num_beams > 1:
+                    from engine_builder.runner.beam_search import run_beam_search
+
+                    yield from run_beam_search(self, r, clock)
+        finally:
+            self._running = False
+            for r in requests:  # on an error or an abandoned stream: give every slot back
+                if r.slot is not None:
+                    self._release(r)
+            self.timings = clock.timings()
+
+    def _run_sampled(self, waiting: deque[RequestState], clock: _Clock) -> Iterator[Event]:
+        backend, kv = self.backend, self.backend.kv
+        active: dict[int, RequestState] = {}  # slot -> request
+        while waiting or active:
+            events: list[Event] = []
+            started = time.perf_counter()
+            while waiting and kv.num_free:
+                r = waiting.popleft()
+                r.slot = kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens)
+                self._prefill(r, r.prompt_ids, events)
+                if r.slot is not None:
+                    active[r.slot] = r
+            if backend.reprefill_after is not None:  # longrope: a sequence crossing the switch is recomputed
+                for slot, r in list(active.items()):
+                    if kv.length(slot) == backend.reprefill_after:
+                        kv.rewind(slot, 0)
+                        self._prefill(r, r.prompt_ids + r.token_ids, events)
+                        if r.slot is None:
+                            del active[slot]
+            clock.prefill += time.perf_counter() - started
+            if active:
+                self._decode(active, events, clock)
+            yield from events
+
+    def _prefill(self, r: RequestState, ids: list[int], events: list[Event]) -> None:
+        logits = self.backend.step(r.slot, np.asarray(ids, np.int64)[None, :])  # [1, vocab]
+        self.backend.kv.advance(r.slot, len(ids))
+        sample = self.sampler(logits, [r.sampling])
+        self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
+
+    def _decode(self, active: dict[int, RequestState], events: list[Event], clock: _Clock) -> None:
+        started = time.perf_counter()
+        execute_before = self.backend.execute_seconds
+        slots = sorted(active)
+        hi = slots[-1] + 1
+        logits = self.backend.step(0, self._next_ids[:hi])  # [hi, vocab]
+        if len(slots) < hi:  # free rows rode along: drop their logits
+            logits = logits[slots]
+        requests = [active[s] for s in slots]
+        sample = self.sampler(logits, [r.sampling for r in requests])
+        for r, token, lp in zip(requests, sample.token_ids, sample.logprobs):
+            self.backend.kv.advance(r.slot, 1)
+            slot = r.slot
+            self._accept(r, int(token), lp, events)
+            if r.slot is None:
+                del active[slot]
+        clock.decode += time.perf_counter() - started
+        clock.execute += self.backend.execute_seconds - execute_before
+        clock.decode_tokens += len(requests)
+        clock.decode_steps += 1
+
+    def _accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
+        r.token_ids.append(token)
+        r.sampling.append(token)
+        if r.logprobs is not None and logprobs is not None:
+            r.logprobs.append(logprobs)
+        out = r.stop.step(token)
+        if out.finished:
+            r.finish_reason, r.stop_reason, r.text = out.finish_reason, out.stop_reason, r.stop.text
+            self._release(r)
+        else:
+            self._next_ids[r.slot, 0] = token
+        if out.text or out.finished:
+            events.append(Event(r.index, out.text, out.finished))
+
+    def _release(self, r: RequestState) -> None:
+        self._next_ids[r.slot, 0] = 0  # an idle row feeds token 0 at length 0
+        self.backend.release(r.slot)
+        r.slot = None

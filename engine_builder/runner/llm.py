@@ -1,0 +1,197 @@
+"""The Python API: LLM(engine_dir).generate / stream / chat, vLLM-shaped.
+
+    from engine_builder import LLM, SamplingParams
+    llm = LLM("engine-dir")                       # TensorRT if it can run here, else onnxruntime
+    out = llm.generate(["The capital of France is"], SamplingParams(max_new_tokens=32, temperature=0))
+    print(out[0].text, out[0].finish_reason)
+    for delta in llm.stream("Once upon a time"): print(delta, end="", flush=True)
+    llm.chat([{"role": "user", "content": "Hi!"}])
+
+Without params, the checkpoint's generation_config.json decides (greedy unless do_sample, its
+top_k/top_p/temperature, EOS ids): SamplingParams.from_generation_config. EOS ids of the
+tokenizer and of generation_config.json always stop a request unless ignore_eos.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine_builder.errors import InputError
+from engine_builder.runner.backend import open_backend
+from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.runner.generate import Event, Generator, RequestState, Timings
+from engine_builder.runner.sampler import Sampler, TokenLogprobs
+from engine_builder.runner.sampling_params import SamplingParams
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
+
+Messages = Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    text: str  # generated text; a stop string and the stop token's text are not included
+    token_ids: tuple[int, ...]  # generated only; the stop token that ended the request is included (vLLM)
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length" (max_new_tokens)
+    stop_reason: int | str | None  # the stop string or stop_token_ids entry that matched; None for EOS/length
+    logprobs: tuple[TokenLogprobs, ...] | None  # one per token_ids entry when params.logprobs is set
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text, "token_ids": list(self.token_ids),
+                               "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
+                                "top": [[t, v] for t, v in lp.top]} for lp in self.logprobs]
+        return out
+
+
+def _output(r: RequestState, prompt: str | None) -> RequestOutput:
+    return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), r.finish_reason or "length",
+                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None)
+
+
+class TokenStream:
+    """Text deltas of one request as they are generated; `.output` and `.timings` once it ends.
+    Closing it early (or leaving a for loop with break) stops generation and frees the KV slot."""
+
+    def __init__(self, llm: LLM, started: tuple[list[RequestState], Iterator[Event]], prompt: str | None) -> None:
+        self._llm, self._prompt = llm, prompt
+        (self._request,), self._events = started
+        self.output: RequestOutput | None = None
+        self.timings: Timings | None = None
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> str:
+        for event in self._events:
+            if event.text:
+                return event.text
+        self._finish()
+        raise StopIteration
+
+    def _finish(self) -> None:
+        if self.output is None:
+            self.output = _output(self._request, self._prompt)
+            self.timings = self._llm._generator.timings
+
+    def close(self) -> None:
+        self._events.close()  # runs the loop's cleanup: slots freed
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LLM:
+    def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
+                 threads: int | None = None) -> None:
+        """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
+        tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
+        onnxruntime intra-op threads (default: the physical cores this process may use)."""
+        self.engine = EngineDir.load(engine_dir)
+        self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
+        self.backend, choice = open_backend(self.engine, backend, threads=threads)
+        self.backend_name, self.backend_reason = choice.name, choice.reason
+        eos = self.engine.generation_config.get("eos_token_id", [])
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.insert(0, self.tokenizer.eos_token_id)
+        self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed))
+
+    # --- parameters and prompts -------------------------------------------------------------
+
+    def default_params(self, **overrides: Any) -> SamplingParams:
+        """generation_config.json's defaults with `overrides` on top (None = not given)."""
+        return SamplingParams.from_generation_config(self.engine.generation_config, **overrides)
+
+    def encode(self, prompt: str) -> list[int]:
+        if not isinstance(prompt, str):
+            raise InputError(f"a prompt must be a string, got {type(prompt).__name__}")
+        return list(self.tokenizer(prompt).input_ids)
+
+    def apply_chat_template(self, messages: Messages) -> str:
+        """The model's chat template over `messages`, ending with the assistant's turn opener."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InputError(f"the tokenizer in {self.engine.path} has no chat template; use generate() "
+                             "with a plain prompt instead of chat()")
+        try:
+            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja's TemplateError, or a message without role/content
+            raise InputError(f"cannot apply the chat template to these messages: {exc}; give a list of "
+                             '{"role": ..., "content": ...} dicts') from None
+
+    # --- generation -------------------------------------------------------------------------
+
+    def generate(self, prompts: str | Sequence[str] | None = None,
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 prompt_token_ids: Sequence[Sequence[int]] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. Give text prompts, or token ids instead."""
+        texts, ids = self._prompts(prompts, prompt_token_ids)
+        requests, events = self._generator.start(ids, self._params(params, len(ids)))
+        for _ in events:
+            pass
+        return [_output(r, t) for r, t in zip(requests, texts)]
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> TokenStream:
+        """Iterate over text deltas of one prompt's generation."""
+        ids = [self.encode(prompt)]
+        return TokenStream(self, self._generator.start(ids, self._params(params, 1)), prompt)
+
+    def chat(self, messages: Messages | Sequence[Messages],
+             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation (a list of messages) or to several."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        if not conversations or any(not c for c in conversations):
+            raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
+        texts = [self.apply_chat_template(c) for c in conversations]
+        # the template already holds the special tokens: do not add a BOS again
+        ids = [list(self.tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+        return self.generate(params=params, prompt_token_ids=ids)
+
+    def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> TokenStream:
+        ids = [list(self.tokenizer(self.apply_chat_template(messages), add_special_tokens=False).input_ids)]
+        return TokenStream(self, self._generator.start(ids, self._params(params, 1)), None)
+
+    @property
+    def last_timings(self) -> Timings | None:
+        """Timings of the last finished generate/stream/chat call."""
+        return self._generator.timings
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prompts(self, prompts: str | Sequence[str] | None,
+                 token_ids: Sequence[Sequence[int]] | None) -> tuple[list[str | None], list[list[int]]]:
+        if (prompts is None) == (token_ids is None):
+            raise InputError("give either prompts (text) or prompt_token_ids, not both or neither")
+        if token_ids is not None:
+            ids = [[int(t) for t in p] for p in token_ids]
+            return [None] * len(ids), ids
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not texts:
+            raise InputError("no prompts given; pass a string or a list of strings")
+        return texts, [self.encode(t) for t in texts]
+
+    def _params(self, params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+        if params is None:
+            return [self.default_params()] * n
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
+            raise InputError(f"give one SamplingParams for all prompts or one per prompt ({n}), got {len(params)}")
+        return params

@@ -1,0 +1,226 @@
+"""onnxruntime backend: the engine dir's model.onnx on CPU, with IO binding and no per-token allocation.
+
+Every buffer is allocated once and bound by address: input_ids and position_ids (flat buffers
+viewed as [rows, seq]), past_lengths (the KVCacheManager's own `lengths` row range), the logits
+[rows, 1, vocab] and the KV cache. Decode bindings ([0, rows) with seq 1) are built once per row
+count and reused; a step then only writes the new token ids and positions.
+
+KV update, chosen from the graph (`kv_update_mode`):
+  in_place  past_key.{i} and present_key.{i} are bound to the same address. GroupQueryAttention
+            (com.microsoft, what the onnxruntime lowering pass emits) and TensorScatter-24 both
+            detect the shared buffer and write only the new positions (onnxruntime 1.31's
+            TensorScatter logs "in-place optimization not activated, copying..." when it is not).
+  copy      any other producer of present_*: binding it over its own input is not known to be
+            safe, so present_* is bound to a second, preallocated buffer set. The graph then copies
+            the whole cache into it every step (its semantics), and we copy back only the positions
+            this step wrote (one per row in decode). No allocation either way.
+A model metadata entry trtbuild.kv_update = in_place | copy overrides the graph inspection.
+
+Graph optimization level: ENABLE_ALL for float32; BASIC for float16/bfloat16, because DESIGN §4
+records EXTENDED corrupting some fp16 graphs. Measured here (SmolLM2 and the tiny models, default
+and GroupQueryAttention graphs, 12 greedy steps vs ORT_DISABLE_ALL): every level gave the same
+tokens; fp32 max |Δlogit| <= 5e-5 at BASIC/EXTENDED/ALL, fp16 0.03-0.05 (fp16 noise) at all three.
+tests/runner/test_ort_backend.py keeps checking the shipped level of each dtype on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from engine_builder.errors import UnsupportedError
+from engine_builder.runner._graph_io import io
+from engine_builder.runner.backend import Backend, KVUpdate, physical_cores
+from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.runner.kv_cache import KVCacheManager
+
+OPTIMIZATION_LEVELS = {
+    "float32": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "float16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "bfloat16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+}
+# (domain, op) that update a past/present pair bound to one buffer in place (onnxruntime 1.31)
+IN_PLACE_OPS = {("com.microsoft", "GroupQueryAttention"), ("", "TensorScatter"), ("ai.onnx", "TensorScatter")}
+KV_UPDATE_META = "trtbuild.kv_update"
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
+
+
+def session_options(dtype: str, threads: int | None = None,
+                    level: ort.GraphOptimizationLevel | None = None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = OPTIMIZATION_LEVELS.get(dtype, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) \
+        if level is None else level
+    options.intra_op_num_threads = threads or physical_cores()
+    options.inter_op_num_threads = 1  # a decoder is one chain of ops: nothing to run in parallel
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only: warnings would interleave with streamed text
+    # DQ -> MatMul fuses into MatMulNBits, which by default quantizes activations to int8 (~1%
+    # error, DESIGN §4); accuracy level 0 keeps them in the graph's float type
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    return options
+
+
+def kv_update_mode(model_path: Path) -> tuple[KVUpdate, str]:
+    """Whether present_* may share past_*'s buffer, and why (metadata flag, else the producers)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)  # the graph only, not the weights
+    meta = {p.key: p.value for p in model.metadata_props}
+    flag = meta.get(KV_UPDATE_META)
+    if flag in ("in_place", "copy"):
+        return flag, f"model metadata {KV_UPDATE_META}={flag}"  # type: ignore[return-value]
+    producers = {out: node for node in model.graph.node for out in node.output}
+    ops: set[str] = set()
+    for output in model.graph.output:
+        if not output.name.startswith(("present_key.", "present_value.")):
+            continue
+        found = _producer_ops(producers.get(output.name), output.name)
+        bad = [op for op in found if op not in IN_PLACE_OPS]
+        if bad or not found:
+            what = "/".join(op for _, op in bad) or "no node (a graph input?)"
+            return "copy", f"{output.name} comes from {what}, not known to update a shared buffer in place"
+        ops |= {op for _, op in found}
+    return "in_place", f"present_* come from {', '.join(sorted(ops))}, which update a shared past/present buffer"
+
+
+def _producer_ops(node, name: str) -> list[tuple[str, str]]:
+    """(domain, op) producing `name`, looking through If into both branches."""
+    if node is None:
+        return []
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return [(node.domain, node.op_type)]
+    index = list(node.output).index(name)
+    found = []
+    for attr in node.attribute:
+        if attr.name in ("then_branch", "else_branch"):
+            branch = attr.g
+            inner = branch.output[index].name
+            producers = {out: n for n in branch.node for out in n.output}
+            found += _producer_ops(producers.get(inner), inner) or [("", "<outer value>")]
+    return found
+
+
+class OrtBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, engine: EngineDir, *, threads: int | None = None,
+                 optimization_level: ort.GraphOptimizationLevel | None = None,
+                 kv_update: KVUpdate | None = None) -> None:
+        self.engine = engine
+        try:
+            self.session = ort.InferenceSession(str(engine.onnx_path),
+                                                session_options(engine.dtype, threads, optimization_level),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
+            fix = ("rebuild the engine dir with this trtbuild" if engine.dtype == "float32" else
+                   f"its CPU kernels do not cover every {engine.dtype} op: rebuild with --dtype float32 to run on CPU")
+            raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
+                                   f"{str(exc).splitlines()[0]}; {fix}") from None
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        past = sorted((n for n in inputs if n.startswith("past_key.")), key=lambda n: int(n.split(".")[1]))
+        num_layers = len(past)
+        _, kv_heads, max_seq, head_dim = inputs[io.past_key(0)].shape  # [batch, kv_heads, max_seq, head_dim]
+        self.kv_dtype = _ORT_TYPES[inputs[io.past_key(0)].type]
+        lim = engine.limits
+        self.kv = KVCacheManager(num_layers, lim.max_batch, int(kv_heads), int(max_seq), int(head_dim), self.kv_dtype)
+        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        self.max_input_len = lim.max_input_len
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.reprefill_after = int(meta["trtbuild.reprefill_after"]) if "trtbuild.reprefill_after" in meta else None
+        self.all_logits = meta.get("trtbuild.all_logits") == "true"
+        if kv_update is None:
+            self.kv_update, self.kv_update_reason = kv_update_mode(engine.onnx_path)
+        else:
+            self.kv_update, self.kv_update_reason = kv_update, "requested"
+        self._num_layers = num_layers
+        self._kv_shape = (int(kv_heads), int(max_seq), int(head_dim))
+        # Flat buffers viewed as [rows, seq]: a row range of a 2-D array would not be contiguous.
+        # A re-prefill (longrope) feeds a whole sequence: up to max_seq_len tokens in one row.
+        width = max(lim.max_batch * lim.max_input_len, int(max_seq))
+        self._ids = np.zeros(width, np.int64)
+        self._pos = np.zeros(width, np.int64)
+        self._arange = np.arange(width, dtype=np.int64)
+        self._logits = np.zeros(lim.max_batch * self.vocab_size, np.float32)  # [rows, 1, vocab] when bound
+        # copy mode: present_* land here; only the new positions go back into the cache
+        self._present = None
+        if self.kv_update == "copy":
+            self._present = ([np.zeros_like(k) for k in self.kv.keys], [np.zeros_like(v) for v in self.kv.values])
+        self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._bound: tuple[ort.IOBinding, int, int, int] | None = None  # binding, first slot, rows, seq
+        self.execute_seconds = 0.0
+
+    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
+        rows, seq = input_ids.shape
+        n = rows * seq
+        self._ids[:n] = input_ids.reshape(-1)
+        positions = self._pos[:n].reshape(rows, seq)
+        np.add(self.kv.lengths[first_slot:first_slot + rows, None], self._arange[None, :seq], out=positions)
+        if seq == 1:  # decode: the same (first, rows) recurs every step
+            binding = self._decode_bindings.get((first_slot, rows))
+            if binding is None:
+                binding = self._decode_bindings[first_slot, rows] = self._make_binding(first_slot, rows, 1)
+        else:
+            binding = self._make_binding(first_slot, rows, seq)
+        self._bound = (binding, first_slot, rows, seq)
+
+    def _make_binding(self, first: int, rows: int, seq: int) -> ort.IOBinding:
+        b = self.session.io_binding()
+        b.bind_input(io.INPUT_IDS, "cpu", 0, np.int64, (rows, seq), self._ids.ctypes.data)
+        b.bind_input(io.POSITION_IDS, "cpu", 0, np.int64, (rows, seq), self._pos.ctypes.data)
+        lengths = self.kv.lengths[first:first + rows]  # the manager's own array: no copy per step
+        b.bind_input(io.PAST_LENGTHS, "cpu", 0, np.int64, (rows,), lengths.ctypes.data)
+        shape = (rows, *self._kv_shape)  # [rows, kv_heads, max_seq, head_dim]
+        dtype = self.kv.dtype
+        for i in range(self._num_layers):
+            for past_name, present_name, past, present in (
+                    (io.past_key(i), io.present_key(i), self.kv.keys[i], self._present and self._present[0][i]),
+                    (io.past_value(i), io.present_value(i), self.kv.values[i], self._present and self._present[1][i])):
+                address = past[first:first + rows].ctypes.data
+                b.bind_input(past_name, "cpu", 0, dtype, shape, address)
+                out = address if present is None else present[first:first + rows].ctypes.data
+                b.bind_output(present_name, "cpu", 0, dtype, shape, out)
+        if self.all_logits:  # [rows, seq, vocab]: let onnxruntime size it; only the last position is read
+            b.bind_output(io.LOGITS, "cpu")
+        else:
+            b.bind_output(io.LOGITS, "cpu", 0, np.float32, (rows, 1, self.vocab_size), self._logits.ctypes.data)
+        return b
+
+    def execute(self) -> None:
+        binding, first, rows, seq = self._bound
+        started = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        self.execute_seconds += time.perf_counter() - started
+        if self._present is not None:
+            self._commit(first, rows, seq)
+
+    def _commit(self, first: int, rows: int, seq: int) -> None:
+        """copy mode: move the positions this step wrote from present_* into the cache."""
+        starts = self.kv.lengths[first:first + rows]  # [rows], not yet advanced
+        for cache, present in zip((*self.kv.keys, *self.kv.values), (*self._present[0], *self._present[1])):
+            if seq == 1:
+                idx = np.arange(first, first + rows)
+                cache[idx, :, starts] = present[idx, :, starts]  # [rows, kv_heads, head_dim]
+            else:
+                for r in range(rows):
+                    s = int(starts[r])
+                    cache[first + r, :, s:s + seq] = present[first + r, :, s:s + seq]
+
+    def read_logits(self) -> np.ndarray:
+        binding, _, rows, _ = self._bound
+        if self.all_logits:
+            return binding.get_outputs()[0].numpy()[:, -1]
+        return self._logits[:rows * self.vocab_size].reshape(rows, self.vocab_size)
+
+    def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
+        src, dst = list(src), list(dst)
+        for cache in (*self.kv.keys, *self.kv.values):
+            cache[dst, :, :length] = cache[src, :, :length]  # fancy-index read copies first: src may overlap dst
+
+    def close(self) -> None:
+        self._decode_bindings.clear()
+        self._bound = None
+        self.session = None  # type: ignore[assignment]

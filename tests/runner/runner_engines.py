@@ -1,0 +1,33 @@
+"""Engine dirs for the runner tests: what they are built from and with which passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_builder.build import build
+from engine_builder.build_config import FUSIONS, BuildConfig, Limits, PassLists
+
+SMOL_LIMITS = Limits(max_batch=4, max_input_len=128, max_seq_len=256)
+# the onnxruntime lowering (com.microsoft GroupQueryAttention, shared past/present buffer) named
+# explicitly, so both graph kinds stay covered whatever the default pass list becomes
+GQA_PASSES = (*FUSIONS, "lower_ort_attention", "eliminate_dead_code")
+
+
+def build_engine(ckpt: Path, out: Path, limits: Limits = SMOL_LIMITS, dtype: str = "float32",
+                 ort_passes: tuple[str, ...] | None = None) -> Path:
+    passes = PassLists(onnxruntime=ort_passes) if ort_passes else PassLists()
+    build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype=dtype, limits=limits, passes=passes))
+    return out
+
+
+def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over "w0".."w{n-1}" (id i <-> "wi"), so a tiny random model has text."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w1", eos_token="w2",
+                                                pad_token="w0", unk_token="w0")
+    fast.save_pretrained(hf_dir)

@@ -1,0 +1,167 @@
+"""The onnxruntime backend: IO binding over preallocated buffers, in-place vs copy KV, session options."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from runner_engines import GQA_PASSES, build_engine
+
+from engine_builder.errors import UnsupportedError
+from engine_builder.network import graph_io as io
+from engine_builder.runner.backend import _cores_from_cpuinfo, physical_cores
+from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.runner.ort_backend import OPTIMIZATION_LEVELS, OrtBackend, kv_update_mode
+
+PROMPTS = [[1, 5, 9, 14, 200], [1, 7], [1, 30, 31, 32, 33, 34, 35, 36]]
+
+
+def _reference(model_path, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy by plain session.run, present_* as fresh outputs fed back: the graph's copy semantics."""
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    past = [i for i in session.get_inputs() if i.name.startswith(("past_key.", "past_value."))]
+    cache = {i.name: np.zeros([1, *i.shape[1:]], np.float32) for i in past}
+    names = [o.name for o in session.get_outputs()]
+    length, ids, tokens, logits_seen = 0, prompt, [], []
+    for _ in range(steps):
+        feeds = {io.INPUT_IDS: np.array([ids]), io.POSITION_IDS: np.arange(length, length + len(ids))[None],
+                 io.PAST_LENGTHS: np.array([length]), **cache}
+        out = session.run(None, feeds)
+        cache = {n.replace("present_", "past_"): v for n, v in zip(names[1:], out[1:])}
+        length += len(ids)
+        logits_seen.append(out[0][0, -1])
+        tokens.append(int(out[0][0, -1].argmax()))
+        ids = [tokens[-1]]
+    return tokens, logits_seen
+
+
+def _run_backend(backend: OrtBackend, steps: int) -> tuple[list[list[int]], list[list[np.ndarray]]]:
+    """Each prompt prefilled alone into its slot (in reverse order), then batched greedy decode."""
+    kv = backend.kv
+    tokens: list[list[int]] = [[] for _ in PROMPTS]
+    seen: list[list[np.ndarray]] = [[] for _ in PROMPTS]
+    for r in reversed(range(len(PROMPTS))):
+        assert kv.allocate(f"r{r}", len(PROMPTS[r]), steps) == len(PROMPTS) - 1 - r
+    slot = {r: len(PROMPTS) - 1 - r for r in range(len(PROMPTS))}
+    for r, p in enumerate(PROMPTS):
+        logits = backend.step(slot[r], np.array([p]))
+        kv.advance(slot[r], len(p))
+        seen[r].append(logits[0].copy())
+        tokens[r].append(int(logits[0].argmax()))
+    for _ in range(steps - 1):
+        ids = np.zeros((len(PROMPTS), 1), np.int64)
+        for r in range(len(PROMPTS)):
+            ids[slot[r], 0] = tokens[r][-1]
+        logits = backend.step(0, ids)
+        for r in range(len(PROMPTS)):
+            kv.advance(slot[r], 1)
+            seen[r].append(logits[slot[r]].copy())
+            tokens[r].append(int(logits[slot[r]].argmax()))
+    return tokens, seen
+
+
+@pytest.mark.parametrize("passes,mode", [(None, None), (GQA_PASSES, None), (None, "copy"), (GQA_PASSES, "copy")])
+def test_backend_matches_plain_session_run(passes, mode, tiny_engine):
+    engine, _ = tiny_engine("llama", ort_passes=passes)
+    backend = OrtBackend(EngineDir.load(engine), kv_update=mode)
+    assert backend.kv_update == (mode or "in_place")
+    tokens, seen = _run_backend(backend, steps=8)
+    for r, prompt in enumerate(PROMPTS):
+        ref_tokens, ref_logits = _reference(engine / "model.onnx", prompt, 8)
+        assert tokens[r] == ref_tokens
+        np.testing.assert_allclose(np.array(seen[r]), np.array(ref_logits), atol=2e-5, rtol=1e-5)
+
+
+def test_no_allocation_per_token_and_cache_written_in_place(tiny_engine):
+    engine, _ = tiny_engine("llama", ort_passes=GQA_PASSES)
+    backend = OrtBackend(EngineDir.load(engine))
+    kv = backend.kv
+    addresses = [k.ctypes.data for k in kv.keys] + [v.ctypes.data for v in kv.values]
+    slot = kv.allocate("a", 4, 20)
+    logits = backend.step(slot, np.array([[1, 2, 3, 4]]))
+    kv.advance(slot, 4)
+    assert np.abs(kv.keys[0][slot, :, :4]).sum() > 0  # the graph wrote straight into our buffer
+    assert not kv.keys[0][slot, :, 4:].any()
+    logits_address = logits.ctypes.data
+    for step in range(10):
+        logits = backend.step(0, np.array([[5 + step]]))
+        kv.advance(slot, 1)
+        assert logits.ctypes.data == logits_address  # the same preallocated logits buffer
+    assert [k.ctypes.data for k in kv.keys] + [v.ctypes.data for v in kv.values] == addresses
+    assert len(backend._decode_bindings) == 1  # one binding, reused by every decode step
+    assert np.abs(kv.keys[1][slot, :, 13]).sum() > 0 and not kv.keys[1][slot, :, 14:].any()
+    backend.release(slot)
+    assert not any(k.any() for k in kv.keys)  # freed slots go back to zeros
+
+
+def test_kv_update_mode_from_graph_and_metadata(tiny_engine, tmp_path):
+    default, _ = tiny_engine("llama")
+    gqa, _ = tiny_engine("llama", ort_passes=GQA_PASSES)
+    assert kv_update_mode(default / "model.onnx")[0] == "in_place"
+    mode, why = kv_update_mode(gqa / "model.onnx")
+    assert mode == "in_place" and "GroupQueryAttention" in why
+    # a producer we know nothing about: copy semantics
+    shape = [None, 2, 8, 4]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["past_key.0"], ["present_key.0"]),
+         helper.make_node("Identity", ["past_value.0"], ["present_value.0"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("past_key.0", "past_value.0")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("present_key.0", "present_value.0")])
+    model = helper.make_model(graph)
+    onnx.save(model, tmp_path / "identity.onnx")
+    mode, why = kv_update_mode(tmp_path / "identity.onnx")
+    assert mode == "copy" and "Identity" in why
+    helper.set_model_props(model, {"trtbuild.kv_update": "in_place"})
+    onnx.save(model, tmp_path / "flagged.onnx")
+    assert kv_update_mode(tmp_path / "flagged.onnx") == ("in_place", "model metadata trtbuild.kv_update=in_place")
+
+
+def test_session_uses_physical_cores_and_the_level_for_its_dtype(tiny_engine):
+    engine, _ = tiny_engine("llama")
+    backend = OrtBackend(EngineDir.load(engine))
+    options = backend.session.get_session_options()
+    assert options.intra_op_num_threads == physical_cores()
+    assert options.graph_optimization_level == OPTIMIZATION_LEVELS["float32"]
+
+
+def test_physical_cores_counts_cores_not_hyperthreads(tmp_path):
+    blocks = [f"processor\t: {i}\nphysical id\t: {i // 4}\ncore id\t\t: {i % 4 // 2}\n" for i in range(8)]
+    (tmp_path / "cpuinfo").write_text("\n".join(blocks))
+    assert _cores_from_cpuinfo(tmp_path / "cpuinfo") == 4  # 2 sockets x 2 cores x 2 threads
+    assert _cores_from_cpuinfo(tmp_path / "missing") is None
+    assert 1 <= physical_cores() <= (__import__("os").cpu_count() or 1)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-3), ("float16", 0.15)])
+def test_shipped_optimization_level_matches_no_optimization(dtype, atol, smollm2_ckpt, smollm2_engine):
+    """The level we ship for each dtype gives the logits of ORT_DISABLE_ALL on the real model
+    (DESIGN §4: EXTENDED is known to corrupt some fp16 graphs; this is where that would show)."""
+    engine = smollm2_engine if dtype == "float32" else smollm2_ckpt.parent / "engine-fp16"
+    if not engine.exists():
+        build_engine(smollm2_ckpt, engine, dtype=dtype)
+    logits = {}
+    for name, level in (("shipped", None), ("none", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
+        backend = OrtBackend(EngineDir.load(engine), optimization_level=level)
+        slot = backend.kv.allocate("r", 6, 4)
+        out = [backend.step(slot, np.array([[1, 504, 3458, 282, 4649, 314]]))[0].copy()]
+        backend.kv.advance(slot, 6)
+        for token in (7042, 30, 198):
+            out.append(backend.step(slot, np.array([[token]]))[0].copy())
+            backend.kv.advance(slot, 1)
+        logits[name] = np.array(out)
+        backend.close()
+    assert np.abs(logits["shipped"] - logits["none"]).max() < atol
+    assert (logits["shipped"].argmax(-1) == logits["none"].argmax(-1)).all()
+
+
+def test_unloadable_model_is_a_clear_error(tiny_engine, tmp_path):
+    engine, _ = tiny_engine("llama")
+    broken = tmp_path / "engine"
+    shutil.copytree(engine, broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(UnsupportedError, match=r"cannot load .*model.onnx.*rebuild the engine dir"):
+        OrtBackend(EngineDir.load(broken))
