@@ -62,10 +62,17 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, epsilon, scale, compute_dtype=None, target_dtype=None, **_):
         # stash_type: the precision of the statistics; float32 unless the graph asked for wider
         stash = compute_dtype.as_int() if compute_dtype is not None else ir.DataType.FLOAT
-        same = scale.dtype == x.dtype or None in (scale.dtype, x.dtype)
-        out = op.RMSNormalization(x, scale if same else op.Cast(scale, to=x.dtype),
+        if compute_dtype is not None and target_dtype is None:
+            # gemma: normalized and scaled in the wide type, output left wide (cast back later):
+            # keep exactly that, so the output keeps its type
+            x = op.Cast(x, to=compute_dtype.as_int())
+            x_dtype = compute_dtype.as_int()
+        else:
+            x_dtype = x.dtype
+        same = scale.dtype == x_dtype or None in (scale.dtype, x_dtype)
+        out = op.RMSNormalization(x, scale if same else op.Cast(scale, to=x_dtype),
                                   axis=-1, epsilon=_scalar(epsilon), stash_type=int(stash))
-        if target_dtype is not None and x.dtype is not None and target_dtype.as_int() != x.dtype:
+        if target_dtype is not None and x_dtype is not None and target_dtype.as_int() != x_dtype:
             out = op.Cast(out, to=target_dtype.as_int())
         return out
 
