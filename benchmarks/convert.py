@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -216,7 +216,8 @@ def main() -> int:
     print(f"  peak RSS above baseline (convert JSON) {peak_above / mb:.0f} MB = "
           f"{figures['peak_rss_over_largest_tensor']}× largest tensor (target ≤ 3×)")
     print(f"  trtbuild process max RSS (incl. interpreter + imports) "
-          f"{figures['trtbuild_process_max_rss_bytes'] / mb:.0f} MB; cp {figures['cp_process_max_rss_bytes'] / mb:.1f} MB "
+          f"{figures['trtbuild_process_max_rss_bytes'] / mb:.0f} MB; "
+          f"cp {figures['cp_process_max_rss_bytes'] / mb:.1f} MB "
           f"[{figures['process_rss_source']}]")
     return 0
 

@@ -28,6 +28,7 @@ from engine_builder import __version__
 from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.build_config import BuildConfig
 from engine_builder.config import CheckpointConfig
+from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL
 from engine_builder.memory import PeakRss
 from engine_builder.network import NetworkOptions, build_decoder
 from engine_builder.network import graph_io as io
@@ -35,11 +36,6 @@ from engine_builder.network.weights import WEIGHTS_FILE, link_weights
 from engine_builder.target_check import check_target_ops
 from passes.base import PassManager, PassResult
 
-ENGINE_SCHEMA = "trtbuild.engine"
-ENGINE_SCHEMA_VERSION = 1
-ORT_MODEL = "model.onnx"
-TRT_MODEL = "model.trt.onnx"
-ENGINE_FILE = "rank0.engine"
 _NOT_TOKENIZER = {"config.json", WEIGHTS_FILE}
 
 Stage = Callable[[str], None]

@@ -18,8 +18,9 @@ import onnx_ir as ir
 import passes  # noqa: F401  (registers every pass)
 from engine_builder import __version__
 from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
-from engine_builder.build import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL, BuildResult
+from engine_builder.build import BuildResult
 from engine_builder.build_config import BuildConfig
+from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL
 from engine_builder.errors import InputError
 from engine_builder.memory import PeakRss
 from engine_builder.target_check import check_target_ops

@@ -15,15 +15,10 @@ from typing import Any
 
 from engine_builder.build_config import Limits
 from engine_builder.config import ModelConfig, from_dict
+from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL
 from engine_builder.errors import ConfigError, InputError
 
 GENERATION_CONFIG = "generation_config.json"
-# Copies of engine_builder.build's names: importing build.py pulls in the graph builder and every
-# pass (~1.5 s), which `trtbuild run` does not need. tests/runner/test_engine_dir.py keeps them equal.
-ENGINE_SCHEMA = "trtbuild.engine"
-ENGINE_SCHEMA_VERSION = 1
-ORT_MODEL = "model.onnx"
-ENGINE_FILE = "rank0.engine"
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ import pytest
 from hf_reference import hf_greedy, prompt_of
 from ort_helpers import OrtDecoder
 
-from engine_builder.build import ORT_MODEL, TRT_MODEL, build
+from engine_builder.build import build
 from engine_builder.build_config import BuildConfig, Limits
+from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
 
 TOL = 1e-4
 STEPS = 17  # the prefill's token + 16 decode steps
@@ -41,7 +42,7 @@ def test_after_passes_matches_hf(arch, model_dir, engine_dir, graph):
     want_tokens, want_logits = hf_greedy(model_dir(arch), prompt, STEPS)
     tokens, logits = OrtDecoder(engine_dir(arch) / graph).greedy(prompt, STEPS)
     errors = [float(np.abs(got - want).max()) for got, want in zip(logits, want_logits)]
-    assert max(errors) <= TOL, f"max |logits - HF| per step: {['%.1e' % e for e in errors]}"
+    assert max(errors) <= TOL, f"max |logits - HF| per step: {[f'{e:.1e}' for e in errors]}"
     assert tokens == want_tokens
 
 

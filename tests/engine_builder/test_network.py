@@ -59,7 +59,7 @@ def assert_greedy_matches(b: Built, prompt: list[int], steps: int = STEPS) -> No
     want_tokens, want_logits = hf_greedy(b.hf_dir, prompt, steps)
     tokens, logits = b.decoder.greedy(prompt, steps)
     errors = [float(np.abs(got - want).max()) for got, want in zip(logits, want_logits)]
-    assert max(errors) <= TOL, f"max |logits - HF| per step: {['%.1e' % e for e in errors]}"
+    assert max(errors) <= TOL, f"max |logits - HF| per step: {[f'{e:.1e}' for e in errors]}"
     assert tokens == want_tokens
 
 

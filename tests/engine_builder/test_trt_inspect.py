@@ -89,6 +89,7 @@ def test_inspector_json_and_builder_log_parse_the_same_fields():
     assert layers[0] == trt_inspect.EngineLayer("_gemv_mha_v1_myl0_4", "kgen", "_gemv_mha_v1_0xabc", ("0.attention",))
     assert layers[1].name == "plain_name_only"
     log = ("Layers:\nName: _gemv_mha_v1_myl0_4, LayerType: kgen, Inputs: [ { Name: k, Dimensions: [-1,2] }], "
-           "Constants: [], Outputs: [], TacticName: _gemv_mha_v1_0xabc, StreamId: 0, Metadata: [ONNX Layer: 0.attention]")
+           "Constants: [], Outputs: [], TacticName: _gemv_mha_v1_0xabc, StreamId: 0, "
+           "Metadata: [ONNX Layer: 0.attention]")
     assert trt_inspect.layers_from_builder_log([log]) == layers[:1]
     assert trt_inspect.count_layer_types(layers[:1]) == {"kgen": 1}

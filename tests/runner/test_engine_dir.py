@@ -7,15 +7,8 @@ import shutil
 
 import pytest
 
-from engine_builder import build as build_module
 from engine_builder.errors import InputError
-from engine_builder.runner import engine_dir as runner_engine_dir
 from engine_builder.runner.engine_dir import EngineDir
-
-
-def test_file_names_match_the_builder():
-    for name in ("ENGINE_SCHEMA", "ENGINE_SCHEMA_VERSION", "ORT_MODEL", "ENGINE_FILE"):
-        assert getattr(runner_engine_dir, name) == getattr(build_module, name), name
 
 
 def test_loads_limits_model_and_generation_config(tiny_engine):
