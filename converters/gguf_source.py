@@ -12,6 +12,7 @@ The only thing re-implemented is the per-tensor fix-up llama.cpp applies on expo
 from __future__ import annotations
 
 import json
+import mmap
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,8 @@ class GGUFSource:
                     f"{self.hf_config['architectures'][0]}; this {arch} variant is not supported, "
                     f"convert from the original HF checkpoint instead")
             self._tensors[hf] = t
+        # the file mapping every tensor is a view of: its pages are dropped after each tensor
+        self._mapping = getattr(reader.data, "_mmap", None)
         # ggml lists dims fastest-first; torch/HF order is the reverse: [out, in] for a Linear
         self._infos = {hf: TensorInfo(tuple(int(d) for d in reversed(t.shape.tolist())), "float32")
                        for hf, t in self._tensors.items()}
@@ -123,7 +126,12 @@ class GGUFSource:
         t = self._tensors[name]
         w = self._fixup(t.name, dequantize(t.data, t.tensor_type), self._raw_config)
         # An owned, writable float32 copy: F32 tensors come back as read-only views of the memmap.
-        return torch.from_numpy(np.require(w, np.float32, ["C", "W", "O"]))
+        out = torch.from_numpy(np.require(w, np.float32, ["C", "W", "O"]))
+        if self._mapping is not None:
+            # pages read through the mapping count as ours until dropped: without this, RSS grows
+            # to the file's size over a conversion (they stay in the page cache either way)
+            self._mapping.madvise(mmap.MADV_DONTNEED)
+        return out
 
     def raw_range(self, name: str) -> None:
         return None  # every GGUF tensor is dequantized, never copied as stored
