@@ -81,6 +81,7 @@ def run(
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
         return
     sys.stdout.write("\n")
+    sys.stdout.flush()  # the answer's last line before the stderr summary, in a terminal too
     sys.stderr.write(f"[{llm.backend_name}] {len(out.token_ids)} tokens, finish {out.finish_reason}, "
                      f"prefill {timings.prefill_ms:.0f} ms, decode {timings.decode_tok_s:.1f} tok/s\n")
 
