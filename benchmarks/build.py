@@ -24,46 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from measure import RSS_SOURCE, Run, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "smollm2-135m-fp16.yaml"
 TRTBUILD = Path(sys.executable).with_name("trtbuild")  # the venv's console script
-GNU_TIME = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
 _FLOAT_DTYPES = {"F32", "F16", "BF16"}  # what the checkpoint may hold; the engine holds each as fp16
 RATIO_GOAL = 1.5
-
-
-@dataclass(frozen=True)
-class Run:
-    seconds: float  # wall, whole subprocess (interpreter start and imports included)
-    max_rss_bytes: int  # peak RSS of this child alone
-    stdout: str
-
-
-def run_child(argv: list[str]) -> Run:
-    """Run argv; return its wall time and its own peak RSS.
-
-    Not os.wait4's ru_maxrss: Python spawns with vfork, and at exec Linux seeds the child's
-    ru_maxrss with the high-water RSS of the mm it leaves, which is the parent's. GNU time
-    forks from its own tiny process, so its %M is the child's true peak.
-    """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r") as rss:
-        wrapped = [GNU_TIME, "-f", "%M", "-o", rss.name, *argv] if GNU_TIME else argv
-        started = time.perf_counter()
-        proc = subprocess.Popen(wrapped, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it was reaped
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read().decode(), err.read().decode()
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed with exit {proc.returncode}:\n{stderr}")
-        max_rss_kib = int(rss.read().split()[-1]) if GNU_TIME else usage.ru_maxrss  # KiB on Linux
-    return Run(seconds, max_rss_kib * 1024, stdout)
 
 
 def fp16_weight_bytes(safetensors: Path) -> int:
@@ -186,7 +156,7 @@ def main() -> int:
         "trtbuild_wall_s_each": [round(r.seconds, 2) for r, _ in trt_runs],
         "plain_trt_wall_s_each": [round(p.seconds, 2) for p, _ in plain_runs],
         "loadavg_1m_at_start": load_at_start, "cpus": os.cpu_count(),
-        "process_rss_source": "/usr/bin/time %M" if GNU_TIME else "os.wait4 (may include this script's RSS)",
+        "process_rss_source": RSS_SOURCE,
     }
     if args.json:
         print(json.dumps(figures))

@@ -15,21 +15,19 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from measure import RSS_SOURCE, Run, run_child
 
 # ~1.1B llama (TinyLlama shape): the embedding / lm_head (32000 × 2048) is the largest tensor.
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 2048, 5632, 32, 4, 32000
 HEAD_DIM = HIDDEN // HEADS
 DTYPE, ST_DTYPE = torch.bfloat16, "BF16"
 TRTBUILD = Path(sys.executable).with_name("trtbuild")  # the venv's console script
-GNU_TIME = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
 
 
 def _layer_shapes(i: int) -> dict[str, tuple[int, ...]]:
@@ -102,38 +100,6 @@ def make_checkpoint(root: Path, size_gb: float) -> tuple[int, int, int]:
     return layers, file_bytes, _nbytes((VOCAB, HIDDEN))
 
 
-@dataclass(frozen=True)
-class Run:
-    seconds: float  # wall, whole subprocess
-    max_rss_bytes: int  # peak RSS of this child alone
-    stdout: str
-
-
-def run_child(argv: list[str]) -> Run:
-    """Run argv; return its wall time and its own peak RSS.
-
-    os.wait4 gives exactly this child's rusage (RUSAGE_CHILDREN would be a max over all
-    children). But Python spawns with vfork, and at exec Linux seeds the child's ru_maxrss
-    with the *parent's* high-water RSS (this script has torch imported), so a bare wait4
-    would report ~0.5 GB even for cp. GNU time forks from its own tiny process, so its %M
-    (also from wait4) is the child's true peak; without it we fall back to wait4 and say so.
-    """
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r") as rss:
-        wrapped = [GNU_TIME, "-f", "%M", "-o", rss.name, *argv] if GNU_TIME else argv
-        started = time.perf_counter()
-        proc = subprocess.Popen(wrapped, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it was reaped
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read().decode(), err.read().decode()
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed with exit {proc.returncode}:\n{stderr}")
-        max_rss_kib = int(rss.read().split()[-1]) if GNU_TIME else usage.ru_maxrss  # KiB on Linux
-    return Run(seconds, max_rss_kib * 1024, stdout)
-
-
 def _clear(path: Path) -> None:
     # Deleting the output and syncing between runs keeps writeback of one run's dirty pages
     # from landing in the next run's timing, and disk use at source + one output.
@@ -197,7 +163,7 @@ def main() -> int:
         "cp_wall_s_each": [round(c.seconds, 3) for c in cps],
         # other work on the box skews a CPU-bound tool (trtbuild) more than an in-kernel one (cp)
         "loadavg_1m_at_start": load_at_start,
-        "process_rss_source": "/usr/bin/time %M" if GNU_TIME else "os.wait4 (includes this script's RSS)",
+        "process_rss_source": RSS_SOURCE,
     }
     if args.json:
         print(json.dumps(figures))
