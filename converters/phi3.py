@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from converters import hf_config
-from converters.base import Converter, Target, register_converter
-from engine_builder.config import ModelConfig
+from converters.base import Target, register_converter
+from converters.mistral import MistralConverter
 
 L = "model.layers.{layer}."
 C = "layers.{layer}."
@@ -28,12 +25,7 @@ PHI3_WEIGHT_MAP: dict[str, Target] = {
 
 
 @register_converter("phi3")
-class Phi3Converter(Converter):
-    weight_map = PHI3_WEIGHT_MAP
+class Phi3Converter(MistralConverter):
+    """Mistral's config reading (one sliding window for all layers when set), phi3's fused weights."""
 
-    @classmethod
-    def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        kw = hf_config.common(hf, tie_default=False)
-        window, types = hf_config.uniform_window(hf, kw["num_layers"])
-        return ModelConfig(architecture=cls.model_type, **kw, rope=hf_config.rope(hf, kw["head_dim"]),
-                           sliding_window=window, layer_types=types)
+    weight_map = PHI3_WEIGHT_MAP

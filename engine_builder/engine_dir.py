@@ -12,22 +12,24 @@ from engine_builder.errors import InputError
 
 
 def load_manifest(engine_dir: Path) -> dict[str, Any]:
-    engine_dir = Path(engine_dir)
-    path = engine_dir / "config.json"
-    if not engine_dir.is_dir():
-        raise InputError(f"{engine_dir} is not a directory; pass an engine dir written by `trtbuild build`")
+    """The manifest of ENGINE_DIR, or an InputError naming the fix; nothing else is read."""
+    path = Path(engine_dir)
+    rebuild = f"build one with `trtbuild build <ckpt-dir> {path}`"
+    if not path.exists():
+        raise InputError(f"engine dir {path} does not exist; {rebuild}")
+    manifest_path = path / "config.json"
+    if not path.is_dir() or not manifest_path.is_file():
+        raise InputError(f"{path} is not an engine dir (no config.json); {rebuild}")
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{engine_dir} has no config.json; pass an engine dir written by `trtbuild build`") from None
-    except ValueError as exc:
-        raise InputError(f"{path} is corrupt ({exc}); rebuild with `trtbuild build`") from exc
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{manifest_path} is not valid JSON ({exc}); rebuild the engine dir") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != ENGINE_SCHEMA:
-        raise InputError(f"{engine_dir} is not a trtbuild engine dir (config.json has no "
-                         f"'{ENGINE_SCHEMA}' schema); a checkpoint dir goes to `trtbuild build` first")
+        raise InputError(f"{path} is not a trtbuild engine dir (config.json schema is not {ENGINE_SCHEMA!r}; "
+                         f"a checkpoint dir?); {rebuild}")
     if manifest.get("schema_version") != ENGINE_SCHEMA_VERSION:
-        raise InputError(f"{engine_dir} has engine schema {manifest.get('schema_version')}, this trtbuild reads "
-                         f"{ENGINE_SCHEMA_VERSION}; rebuild it with this version")
+        raise InputError(f"{path} has engine schema {manifest.get('schema_version')}, this trtbuild reads "
+                         f"{ENGINE_SCHEMA_VERSION}; rebuild it with this version of trtbuild")
     return manifest
 
 

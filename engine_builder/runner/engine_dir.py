@@ -15,7 +15,8 @@ from typing import Any
 
 from engine_builder.build_config import Limits
 from engine_builder.config import ModelConfig, from_dict
-from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL
+from engine_builder.engine_dir import load_manifest
+from engine_builder.engine_files import ENGINE_FILE, ORT_MODEL
 from engine_builder.errors import ConfigError, InputError
 
 GENERATION_CONFIG = "generation_config.json"
@@ -34,22 +35,8 @@ class EngineDir:
     @classmethod
     def load(cls, path: Path | str) -> EngineDir:
         path = Path(path)
-        rebuild = f"build one with `trtbuild build <ckpt-dir> {path}`"
-        if not path.exists():
-            raise InputError(f"engine dir {path} does not exist; {rebuild}")
+        manifest = load_manifest(path)
         manifest_path = path / "config.json"
-        if not path.is_dir() or not manifest_path.is_file():
-            raise InputError(f"{path} is not an engine dir (no config.json); {rebuild}")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{manifest_path} is not valid JSON ({exc}); rebuild the engine dir") from None
-        if not isinstance(manifest, dict) or manifest.get("schema") != ENGINE_SCHEMA:
-            raise InputError(f"{path} is not a trtbuild engine dir (config.json schema is not {ENGINE_SCHEMA!r}; "
-                             f"a checkpoint dir?); {rebuild}")
-        if manifest.get("schema_version") != ENGINE_SCHEMA_VERSION:
-            raise InputError(f"{path} has engine schema {manifest.get('schema_version')}, this trtbuild reads "
-                             f"{ENGINE_SCHEMA_VERSION}; rebuild it with this version of trtbuild")
         try:
             model = from_dict(ModelConfig, manifest["model"], where="engine manifest model")
             build = manifest["build"]

@@ -141,8 +141,8 @@ def test_inspect_refuses_corrupt_or_foreign_dirs(checkpoint_dir, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    assert_user_error(cli("inspect", bad), "corrupt")
-    assert_user_error(cli("inspect", tmp_path / "missing"), "not a directory")
+    assert_user_error(cli("inspect", bad), "not valid JSON")
+    assert_user_error(cli("inspect", tmp_path / "missing"), "does not exist")
 
 
 def test_ort_only_op_in_tensorrt_graph_names_node_and_pass(checkpoint_dir, tmp_path):
