@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from passes.constant_values import ints
 from passes.fuse_kv_cache_update import is_arange
 
 BHSD = [0, 2, 1, 3]
@@ -57,12 +58,6 @@ class AttentionBlock:
     scale: float
     softcap: float
     window: int | None  # sliding window in transformers' sense: slot j visible iff j > p - window
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(v) for v in value.const_value.numpy().reshape(-1)]
 
 
 def _producer(value: ir.Value | None, op_type: str, what: str) -> ir.Node:
@@ -109,13 +104,13 @@ def _cache_write(present: ir.Value, graph: ir.Graph, what: str) -> tuple[ir.Valu
 def _query_positions(value: ir.Value, past_lengths: ir.Value) -> None:
     """value = Unsqueeze(Unsqueeze(past_lengths, [1]) + arange(seq), [1, 3])  # [batch, 1, seq, 1]"""
     outer = _producer(value, "Unsqueeze", "query positions")
-    if _ints(outer.inputs[1]) != [1, 3]:
+    if ints(outer.inputs[1]) != [1, 3]:
         raise NoMatch("query positions are not laid out [batch, 1, seq, 1]")
     add = _producer(outer.inputs[0], "Add", "query positions")
     for lengths, steps in (add.inputs, reversed(add.inputs)):
         node = lengths.producer()
         if (node is not None and node.op_type == "Unsqueeze" and node.inputs[0] is past_lengths
-                and _ints(node.inputs[1]) == [1] and is_arange(steps, axis=1)):
+                and ints(node.inputs[1]) == [1] and is_arange(steps, axis=1)):
             return
     raise NoMatch("query positions are not past_lengths + arange(seq)")
 
@@ -135,7 +130,7 @@ def _mask_window(mask: ir.Value, past_lengths: ir.Value, max_seq: int) -> int | 
         visible, greater = a, _producer(b, "Greater", "sliding-window condition")
         slots, start = greater.inputs
         sub = _producer(start, "Sub", "sliding-window start")
-        window = (_ints(sub.inputs[1]) or [None])[0]
+        window = (ints(sub.inputs[1]) or [None])[0]
         if window is None or window <= 0:
             raise NoMatch("sliding window is not a positive constant")
         _query_positions(sub.inputs[0], past_lengths)
@@ -149,7 +144,7 @@ def _mask_window(mask: ir.Value, past_lengths: ir.Value, max_seq: int) -> int | 
 
 
 def _check_slots(value: ir.Value, max_seq: int) -> None:
-    if _ints(value) != list(range(max_seq)):
+    if ints(value) != list(range(max_seq)):
         raise NoMatch(f"mask does not compare against cache slots 0..{max_seq - 1}")
 
 

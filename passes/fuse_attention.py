@@ -19,12 +19,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes.base import RewritePass, register_pass
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None or value.const_value.size != 1:
-        return None
-    return float(value.const_value.numpy().reshape(()))
+from passes.constant_values import scalar
 
 
 def _repeat_kv(op, x, tag: str):
@@ -55,9 +50,9 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
     def check(self, context, q, keys, values, scale, mask, cap=None, cap2=None, to_float=None,
               **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        if _scalar(scale) is None:
+        if scalar(scale) is None:
             return result.fail("scale is not a constant scalar", scale)
-        if self.softcap and (_scalar(cap) is None or _scalar(cap) != _scalar(cap2)):
+        if self.softcap and (scalar(cap) is None or scalar(cap) != scalar(cap2)):
             return result.fail("soft-cap divides and multiplies by different constants", cap)
         if to_float is not None and to_float.as_int() != ir.DataType.FLOAT:
             return result.fail("softmax is not upcast to float32", q)
@@ -70,9 +65,9 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, q, keys, values, scale, mask, cap=None, **_):
-        attrs = {"scale": _scalar(scale)}
+        attrs = {"scale": scalar(scale)}
         if self.softcap:
-            attrs["softcap"] = _scalar(cap)
+            attrs["softcap"] = scalar(cap)
         # no softmax_precision even when the graph upcast: TensorRT rejects the attribute, and
         # its fused kernels (like onnxruntime's) accumulate the softmax in float32 anyway
         return op.Attention(q, keys, values, mask, **attrs)

@@ -17,12 +17,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes.base import RewritePass, register_pass
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(v) for v in value.const_value.numpy().reshape(-1)]
+from passes.constant_values import ints
 
 
 def is_arange(value: ir.Value, axis: int) -> bool:
@@ -34,11 +29,11 @@ def is_arange(value: ir.Value, axis: int) -> bool:
     if node is None:
         return False
     if node.op_type == "Range":
-        return _ints(node.inputs[0]) == [0] and _ints(node.inputs[2]) == [1]
-    if node.op_type != "Sub" or _ints(node.inputs[1]) != [1]:
+        return ints(node.inputs[0]) == [0] and ints(node.inputs[2]) == [1]
+    if node.op_type != "Sub" or ints(node.inputs[1]) != [1]:
         return False
     cumsum = node.inputs[0].producer()
-    if cumsum is None or cumsum.op_type != "CumSum" or _ints(cumsum.inputs[1]) != [axis]:
+    if cumsum is None or cumsum.op_type != "CumSum" or ints(cumsum.inputs[1]) != [axis]:
         return False
     ones = cumsum.inputs[0].producer()
     fill = ones.attributes.get("value") if ones is not None and ones.op_type == "ConstantOfShape" else None
@@ -60,7 +55,7 @@ class KvCacheWrite(pattern.RewriteRuleClassBase):
     def check(self, context, past, update, past_lengths, steps, batch_index, head_index, ax1, ax2,
               **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        if _ints(ax1) != [1] or _ints(ax2) != [1, 3]:
+        if ints(ax1) != [1] or ints(ax2) != [1, 3]:
             return result.fail("positions are not laid out as [batch, 1, seq, 1]", ax1)
         if not is_arange(steps, axis=1):
             return result.fail("token offsets are not Range(0, seq, 1)", steps)

@@ -14,14 +14,9 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes.base import RewritePass, register_pass
+from passes.constant_values import scalar
 
 FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None or value.const_value.size != 1:
-        return None
-    return float(value.const_value.numpy().reshape(()))
 
 
 class RmsNormFusion(pattern.RewriteRuleClassBase):
@@ -44,11 +39,11 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, axes, epsilon, two, one, scale, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        if _scalar(two) != 2.0:
+        if scalar(two) != 2.0:
             return result.fail("Pow exponent is not 2", two)
-        if self.form == "div_one" and _scalar(one) != 1.0:
+        if self.form == "div_one" and scalar(one) != 1.0:
             return result.fail("Div numerator is not 1", one)
-        if _scalar(epsilon) is None:
+        if scalar(epsilon) is None:
             return result.fail("epsilon is not a constant scalar", epsilon)
         if axes.const_value is None or axes.const_value.numpy().tolist() not in ([-1], [len(x.shape or ()) - 1]):
             return result.fail("ReduceMean is not over the last axis", axes)
@@ -71,7 +66,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             x_dtype = x.dtype
         same = scale.dtype == x_dtype or None in (scale.dtype, x_dtype)
         out = op.RMSNormalization(x, scale if same else op.Cast(scale, to=x_dtype),
-                                  axis=-1, epsilon=_scalar(epsilon), stash_type=int(stash))
+                                  axis=-1, epsilon=scalar(epsilon), stash_type=int(stash))
         if target_dtype is not None and x_dtype is not None and target_dtype.as_int() != x_dtype:
             out = op.Cast(out, to=target_dtype.as_int())
         return out

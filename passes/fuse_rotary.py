@@ -18,23 +18,18 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes.base import RewritePass, register_pass
+from passes.constant_values import ints
 
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(v) for v in value.const_value.numpy().reshape(-1)]
-
-
 def _last_axis(axes: ir.Value, rank: int | None) -> bool:
-    return _ints(axes) in ([-1], [rank - 1] if rank else [-1])
+    return ints(axes) in ([-1], [rank - 1] if rank else [-1])
 
 
 def _unit_steps(slice_out: ir.Value) -> bool:
     node = slice_out.producer()
-    return len(node.inputs) < 5 or _ints(node.inputs[4]) == [1]
+    return len(node.inputs) < 5 or ints(node.inputs[4]) == [1]
 
 
 def _table(op, x: ir.Value, factor: ir.Value | None, to: ir.Attr | None) -> ir.Value:
@@ -59,7 +54,7 @@ class _RotaryBase(pattern.RewriteRuleClassBase):
         return op.Unsqueeze(cos, cos_axes), op.Unsqueeze(sin, sin_axes)
 
     def check_tables(self, result, x, cos_axes, sin_axes, cos_factor, sin_factor) -> bool:
-        if _ints(cos_axes) != [1] or _ints(sin_axes) != [1]:
+        if ints(cos_axes) != [1] or ints(sin_axes) != [1]:
             result.fail("cos/sin are not unsqueezed at the heads axis (1)", cos_axes)
             return False
         if (cos_factor is None) != (sin_factor is None) or (cos_factor is not None and not np.array_equal(
@@ -105,13 +100,13 @@ class RotateHalfRotary(_RotaryBase):
         rank = len(x.shape) if x.shape is not None else None
         if not (_last_axis(axes1, rank) and _last_axis(axes2, rank) and _unit_steps(x1) and _unit_steps(x2)):
             return result.fail("rotate_half does not slice the last axis with step 1", x)
-        h = _ints(half1)
-        if _ints(start1) != [0] or h is None or _ints(half2) != h:
+        h = ints(half1)
+        if ints(start1) != [0] or h is None or ints(half2) != h:
             return result.fail("rotate_half does not split the head dim into two halves", half1)
         head_dim = x.shape[-1] if x.shape is not None else None
         if isinstance(head_dim, int) and head_dim != 2 * h[0]:
             return result.fail(f"split point {h[0]} is not half of head_dim {head_dim}", half1)
-        end = _ints(end2)
+        end = ints(end2)
         if end is None or end[0] < 2 * h[0]:
             return result.fail("second half does not run to the end of the head dim", end2)
         half_table = freqs.shape[-1] if freqs.shape is not None else None
@@ -141,9 +136,9 @@ class InterleavedRotary(_RotaryBase):
         result = pattern.MatchResult()
         if not self.check_tables(result, x, cos_axes, sin_axes, cos_factor, sin_factor):
             return result
-        if _ints(freq_axes) != [-1] or [_ints(s0), _ints(e0), _ints(s1), _ints(e1)] != [[0], [1], [1], [2]]:
+        if ints(freq_axes) != [-1] or [ints(s0), ints(e0), ints(s1), ints(e1)] != [[0], [1], [1], [2]]:
             return result.fail("pairs are not split into even and odd channels", x)
-        if _ints(a0) != [-1] or _ints(a1) != [-1]:
+        if ints(a0) != [-1] or ints(a1) != [-1]:
             return result.fail("pair split is not on the last axis", a0)
         return result
 
@@ -163,8 +158,8 @@ class PartialRotary(pattern.RewriteRuleClassBase):
         rank = len(x.shape) if x.shape is not None else None
         if not (_last_axis(axes1, rank) and _last_axis(axes2, rank)):
             return result.fail("partial rotary slices are not on the last axis", x)
-        d = _ints(end1)
-        if _ints(start1) != [0] or d is None or _ints(start2) != d or (_ints(end2) or [0])[0] < INT64_MAX // 2:
+        d = ints(end1)
+        if ints(start1) != [0] or d is None or ints(start2) != d or (ints(end2) or [0])[0] < INT64_MAX // 2:
             return result.fail("slices do not split the head dim at one point", end1)
         if "rotary_embedding_dim" in rotated.producer().attributes:
             return result.fail("RotaryEmbedding already has rotary_embedding_dim", rotated)
@@ -174,7 +169,7 @@ class PartialRotary(pattern.RewriteRuleClassBase):
         node = rotated.producer()
         attrs = {k: v.value for k, v in node.attributes.items()}
         return op.RotaryEmbedding(x, *node.inputs[1:], **attrs,
-                                  rotary_embedding_dim=_ints(end1)[0])
+                                  rotary_embedding_dim=ints(end1)[0])
 
 
 @register_pass
