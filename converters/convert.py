@@ -6,7 +6,6 @@ so peak memory stays at a few tensors whatever the model size.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from engine_builder import __version__
 from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.config import CheckpointConfig, ModelConfig, SourceFile, SourceFingerprint
 from engine_builder.errors import InputError, UnsupportedError
+from engine_builder.file_hash import sha256_file
 from engine_builder.memory import PeakRss
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # dtype -> bytes per element
@@ -90,14 +90,6 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
     return dtype
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
             progress: Callable[[int, int], None] | None = None) -> ConvertResult:
     """Convert SRC into checkpoint dir OUT. `progress(n, total)` hears of every n bytes written."""
@@ -111,7 +103,7 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
     # hashing runs beside the conversion, a shard per thread: hashlib releases the GIL on
     # large buffers, and the unchanged-dtype copy itself runs in the kernel
     with ThreadPoolExecutor(max_workers=2) as pool:
-        hashes = {p: pool.submit(_sha256, p) for p in cp.source.files()}
+        hashes = {p: pool.submit(sha256_file, p) for p in cp.source.files()}
         with atomic_output_dir(out, force) as tmp:
             layout = [(t.name, cp.dtype, t.shape) for t in cp.plan.tensors]
             largest = max(_numel(t.shape) * itemsize for t in cp.plan.tensors)
