@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import time
@@ -29,12 +28,13 @@ from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.build_config import BuildConfig
 from engine_builder.config import CheckpointConfig
 from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL
+from engine_builder.file_hash import sha256_file
 from engine_builder.memory import PeakRss
 from engine_builder.network import NetworkOptions, build_decoder
 from engine_builder.network import graph_io as io
 from engine_builder.network.weights import WEIGHTS_FILE, link_weights
 from engine_builder.target_check import check_target_ops
-from passes.base import PassManager, PassResult
+from passes.base import PassManager
 
 _NOT_TOKENIZER = {"config.json", WEIGHTS_FILE}
 
@@ -52,10 +52,6 @@ class BuildResult:
     seconds: float
     peak_rss_bytes: int
     tensorrt: dict[str, Any] | None
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, dict]:
@@ -77,8 +73,50 @@ def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dic
     return decode, prefill
 
 
-def _run_passes(model: ir.Model, names: tuple[str, ...], explain: bool) -> list[PassResult]:
-    return PassManager(names).run(model, explain=explain)
+@dataclass(frozen=True)
+class Lowered:
+    """What each target's passes made: the written graphs and, for tensorrt, the engine."""
+
+    targets: tuple[str, ...]
+    passes: dict[str, list[dict[str, Any]]]
+    graph_hashes: dict[str, str]
+    tensorrt: dict[str, Any] | None
+
+
+def check_pass_lists(config: BuildConfig) -> None:
+    """Unknown pass names fail before any work."""
+    for target in config.targets:
+        PassManager(getattr(config.passes, target))
+
+
+def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[], ir.Model],
+                      save: Callable[[ir.Model, Path], None], trt_options: Callable[[ir.Model], Any],
+                      explain: bool = False, say: Stage = lambda _: None,
+                      trt_progress: Callable | None = None) -> Lowered:
+    """For each target (the onnxruntime twin always, first): a fresh graph, its passes, the op check,
+    the graph written into OUT_DIR, and for tensorrt the engine built from that file."""
+    targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))
+    reports: dict[str, list[dict[str, Any]]] = {}
+    hashes: dict[str, str] = {}
+    trt_report = None
+    for target in targets:
+        say(f"graph and passes for {target}")
+        model = make_model()
+        results = PassManager(getattr(config.passes, target)).run(model, explain=explain)
+        reports[target] = [dataclasses.asdict(r) for r in results]
+        check_target_ops(model, target)
+        path = out_dir / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
+        save(model, path)
+        hashes[target] = sha256_file(path)
+        if target == "tensorrt":
+            from engine_builder.trt_build import build_engine
+
+            say("TensorRT engine")
+            options = trt_options(model)
+            report = build_engine(path, out_dir / ENGINE_FILE, options, trt_progress)
+            trt_report = {**report.to_json(), "profiles": [{k: [list(s) for s in v] for k, v in p.items()}
+                                                           for p in options.profiles]}
+    return Lowered(targets, reports, hashes, trt_report)
 
 
 def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: bool = False,
@@ -87,55 +125,42 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     config.validate()
     ckpt, out = Path(ckpt), Path(out)
     checkpoint = CheckpointConfig.load(ckpt)
-    for target in config.targets:  # unknown pass names fail before any work
-        PassManager(getattr(config.passes, target))
+    check_pass_lists(config)
     check_output_dir(out, force)
     started, peak = time.perf_counter(), PeakRss()
-    say = stage or (lambda _: None)
     network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
-    reports: dict[str, list[PassResult]] = {}
-    hashes: dict[str, str] = {}
-    trt_report = None
     with atomic_output_dir(out, force) as tmp:
         link_weights(ckpt, tmp)
-        targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))  # the twin always
-        for target in targets:
-            say(f"graph and passes for {target}")
-            model = build_decoder(ckpt, network)
-            reports[target] = _run_passes(model, getattr(config.passes, target), explain)
-            check_target_ops(model, target)
-            path = tmp / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
-            ir.save(model, path)  # weights stay external: rank0.safetensors at their offsets
-            hashes[target] = _sha256(path)
-            if target == "tensorrt":
-                say("TensorRT engine")
-                trt_report = _build_trt(path, tmp / ENGINE_FILE, config, list(model.graph.inputs), trt_progress)
+        lowered = lower_for_targets(
+            tmp, config, make_model=lambda: build_decoder(ckpt, network),
+            save=ir.save,  # weights stay external: rank0.safetensors at their offsets
+            trt_options=lambda model: _trt_options(config, list(model.graph.inputs)),
+            explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
-        seconds = time.perf_counter() - started
-        result = BuildResult(
-            out=str(out), targets=tuple(targets), dtype=config.dtype,
-            passes={t: [dataclasses.asdict(r) for r in rs] for t, rs in reports.items()},
-            graph_hashes=hashes, engine_bytes=trt_report["engine_bytes"] if trt_report else 0,
-            seconds=round(seconds, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt_report)
+        result = build_result(out, config, lowered, started, peak)
         (tmp / "config.json").write_text(json.dumps(_manifest(checkpoint, config, result), indent=2) + "\n")
     return result
 
 
-def _build_trt(onnx_path: Path, engine_path: Path, config: BuildConfig, inputs: list[ir.Value],
-               progress: Callable | None) -> dict[str, Any]:
-    from engine_builder.trt_build import TrtBuildOptions, build_engine
+def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: float, peak: PeakRss) -> BuildResult:
+    trt = lowered.tensorrt
+    return BuildResult(
+        out=str(out), targets=lowered.targets, dtype=config.dtype, passes=lowered.passes,
+        graph_hashes=lowered.graph_hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
+        seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
 
-    options = TrtBuildOptions(
+
+def _trt_options(config: BuildConfig, inputs: list[ir.Value]) -> Any:
+    from engine_builder.trt_build import TrtBuildOptions
+
+    return TrtBuildOptions(
         compute_capabilities=config.compute_capabilities, opt_level=config.opt_level,
         profiles=trt_profiles(config, inputs), flavour=config.trt_flavour,  # type: ignore[arg-type]
         refittable=config.weights == "refittable", strip_weights=config.weights == "stripped",
         # TensorRT-RTX has no fp32 attention kernel: let it build fp32 attention from plain ops
         decomposable_attention=config.dtype == "float32")
-    report = build_engine(onnx_path, engine_path, options, progress)
-    return {**report.to_json(), "profiles": [{k: [list(s) for s in v] for k, v in p.items()}
-                                             for p in options.profiles]}
 
 
 def _manifest(checkpoint: CheckpointConfig, config: BuildConfig, result: BuildResult) -> dict[str, Any]:

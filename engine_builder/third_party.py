@@ -7,7 +7,6 @@ TensorRT deployment; `trtbuild run` needs a graph emitted from a checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -18,13 +17,12 @@ import onnx_ir as ir
 import passes  # noqa: F401  (registers every pass)
 from engine_builder import __version__
 from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
-from engine_builder.build import BuildResult
+from engine_builder.build import BuildResult, build_result, check_pass_lists, lower_for_targets
 from engine_builder.build_config import BuildConfig
-from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL
+from engine_builder.engine_files import ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION
 from engine_builder.errors import InputError
+from engine_builder.file_hash import sha256_file
 from engine_builder.memory import PeakRss
-from engine_builder.target_check import check_target_ops
-from passes.base import PassManager
 
 
 def load_onnx(path: Path) -> ir.Model:
@@ -59,44 +57,35 @@ def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bo
                       explain: bool = False) -> BuildResult:
     config.validate()
     out = Path(out)
-    for target in config.targets:
-        PassManager(getattr(config.passes, target))
+    check_pass_lists(config)
     load_onnx(onnx_path)  # a malformed file fails before anything is created
     check_output_dir(out, force)
     started, peak = time.perf_counter(), PeakRss()
-    reports, hashes, trt = {}, {}, None
-    with atomic_output_dir(out, force) as tmp:
-        targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))
-        for target in targets:
-            model = load_onnx(onnx_path)
-            reports[target] = PassManager(getattr(config.passes, target)).run(model, explain=explain)
-            check_target_ops(model, target)
-            path = tmp / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
-            # the weights go beside the graph: the passes may have made new ones (fused q/k/v)
-            ir.save(model, path, external_data=path.name + ".data")
-            hashes[target] = hashlib.sha256(path.read_bytes()).hexdigest()
-            if target == "tensorrt":
-                from engine_builder.trt_build import TrtBuildOptions, build_engine
 
-                options = TrtBuildOptions(config.compute_capabilities, config.opt_level, (_profile(model, config),),
-                                          # its dtype is the exporter's: allow fp32 attention as plain ops
-                                          decomposable_attention=True,
-                                          flavour=config.trt_flavour)  # type: ignore[arg-type]
-                trt = build_engine(path, tmp / ENGINE_FILE, options).to_json()
-        result = BuildResult(
-            out=str(out), targets=targets, dtype=config.dtype,
-            passes={t: [{"name": r.name, "matches": r.matches, "why_not": r.why_not} for r in rs]
-                    for t, rs in reports.items()},
-            graph_hashes=hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
-            seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
+    def trt_options(model: ir.Model) -> Any:
+        from engine_builder.trt_build import TrtBuildOptions
+
+        # its dtype is the exporter's: allow fp32 attention as plain ops
+        return TrtBuildOptions(config.compute_capabilities, config.opt_level, (_profile(model, config),),
+                               decomposable_attention=True, flavour=config.trt_flavour)  # type: ignore[arg-type]
+
+    with atomic_output_dir(out, force) as tmp:
+        lowered = lower_for_targets(
+            tmp, config, make_model=lambda: load_onnx(onnx_path),
+            # the weights go beside the graph: the passes may have made new ones (fused q/k/v)
+            save=lambda model, path: ir.save(model, path, external_data=path.name + ".data"),
+            trt_options=trt_options, explain=explain)
+        result = build_result(out, config, lowered, started, peak)
+        trt = result.tensorrt
         manifest: dict[str, Any] = {
             "schema": ENGINE_SCHEMA, "schema_version": ENGINE_SCHEMA_VERSION,
             "versions": {"trtbuild": __version__, "tensorrt": {k: trt[k] for k in ("flavour", "trt_version")}
                          if trt else None},
             "source_onnx": {"name": Path(onnx_path).name,
-                            "sha256": hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest()},
+                            "sha256": sha256_file(Path(onnx_path))},
             "model": None, "build": {"dtype": config.dtype, "limits": vars(config.limits)},
-            "targets": list(targets), "passes": result.passes, "graph_hashes": hashes, "tensorrt": trt,
+            "targets": list(result.targets), "passes": result.passes, "graph_hashes": result.graph_hashes,
+            "tensorrt": trt,
             "cost": {"build_seconds": result.seconds, "peak_rss_bytes": result.peak_rss_bytes},
         }
         (tmp / "config.json").write_text(json.dumps(manifest, indent=2) + "\n")
