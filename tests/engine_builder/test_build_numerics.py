@@ -22,16 +22,20 @@ STEPS = 17  # the prefill's token + 16 decode steps
 
 @pytest.fixture(scope="module")
 def engine_dir(checkpoint_dir, tmp_path_factory):
+    """engine_dir(name, dtype) -> a small engine dir of that tiny model, built once.
+
+    float32 builds both targets (TensorRT decomposes fp32 attention); float16 only the twin."""
     made = {}
 
-    def get(name: str):
-        if name not in made:
-            out = tmp_path_factory.mktemp(f"{name}-engine") / "engine"
+    def get(name: str, dtype: str = "float32"):
+        if (name, dtype) not in made:
+            out = tmp_path_factory.mktemp(f"{name}-{dtype}") / "engine"
+            targets = ("tensorrt", "onnxruntime") if dtype == "float32" else ("onnxruntime",)
             build(checkpoint_dir(name), out, BuildConfig(
-                dtype="float32", limits=Limits(max_batch=2, max_input_len=64, max_seq_len=128),
+                targets=targets, dtype=dtype, limits=Limits(max_batch=2, max_input_len=64, max_seq_len=128),
                 compute_capabilities=("sm86",)))
-            made[name] = out
-        return made[name]
+            made[name, dtype] = out
+        return made[name, dtype]
 
     return get
 
@@ -46,23 +50,7 @@ def test_after_passes_matches_hf(arch, model_dir, engine_dir, graph):
     assert tokens == want_tokens
 
 
-@pytest.fixture(scope="module")
-def fp16_engine_dir(checkpoint_dir, tmp_path_factory):
-    made = {}
-
-    def get(name: str):
-        if name not in made:
-            out = tmp_path_factory.mktemp(f"{name}-fp16") / "engine"
-            build(checkpoint_dir(name), out, BuildConfig(
-                targets=("onnxruntime",), dtype="float16", limits=Limits(max_batch=2, max_input_len=64,
-                                                                         max_seq_len=128)))
-            made[name] = out
-        return made[name]
-
-    return get
-
-
-def test_fp16_twin_is_as_accurate_as_hf_fp16(arch, model_dir, fp16_engine_dir):
+def test_fp16_twin_is_as_accurate_as_hf_fp16(arch, model_dir, engine_dir):
     """fp16 differs by design: the fused, lowered fp16 twin is held to HF's own fp16 error."""
     import torch
     from hf_reference import load_hf
@@ -71,6 +59,6 @@ def test_fp16_twin_is_as_accurate_as_hf_fp16(arch, model_dir, fp16_engine_dir):
     with torch.no_grad():
         ref = load_hf(model_dir(arch))(torch.tensor([prompt])).logits[0, -1].numpy()
         hf16 = load_hf(model_dir(arch), torch.float16)(torch.tensor([prompt])).logits[0, -1].float().numpy()
-    dec = OrtDecoder(fp16_engine_dir(arch) / ORT_MODEL)
+    dec = OrtDecoder(engine_dir(arch, "float16") / ORT_MODEL)
     got = dec.run(dec.empty(1), np.array([prompt]))[0, -1]
     assert np.abs(got - ref).max() <= 1.5 * np.abs(hf16 - ref).max()
