@@ -7,6 +7,7 @@ so peak memory stays at a few tensors whatever the model size.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ class ConversionPlan:
     @property
     def total_bytes(self) -> int:
         size = DTYPES[self.dtype]
-        return sum(_numel(t.shape) * size for t in self.plan.tensors)
+        return sum(math.prod(t.shape) * size for t in self.plan.tensors)
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,6 @@ class ConvertResult:
     peak_rss_bytes: int
     dropped: tuple[str, ...]
     tokenizer_files: tuple[str, ...]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
@@ -106,13 +100,13 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
         hashes = {p: pool.submit(sha256_file, p) for p in cp.source.files()}
         with atomic_output_dir(out, force) as tmp:
             layout = [(t.name, cp.dtype, t.shape) for t in cp.plan.tensors]
-            largest = max(_numel(t.shape) * itemsize for t in cp.plan.tensors)
+            largest = max(math.prod(t.shape) * itemsize for t in cp.plan.tensors)
             with StreamingSafetensorsWriter(tmp / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
                 for t in cp.plan.tensors:
                     for name in t.sources:
                         _write_part(cp.source, writer, t.name, name, infos[name].dtype, cp.dtype)
                         if progress:
-                            progress(_numel(infos[name].shape) * itemsize, cp.total_bytes)
+                            progress(math.prod(infos[name].shape) * itemsize, cp.total_bytes)
             tokenizer_files = cp.source.write_tokenizer(tmp)
             if "generation_config.json" not in tokenizer_files:
                 if _write_generation_config(tmp, cp.source.hf_config):
