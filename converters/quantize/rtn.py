@@ -1,0 +1,79 @@
+"""Round-to-nearest weight quantizers and the int4 packing of FORMAT.md.
+
+Every function takes a float weight in torch's [out, in] layout and returns what the
+checkpoint stores; `dequantize_*` are the exact inverses the graph computes, used by tests
+and by the AWQ scale search to measure quantization error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine_builder.errors import InputError
+
+INT8_MAX = 127
+INT4_MAX = 7  # symmetric: -7..7, so the scale is amax / 7 and -8 is never produced
+
+
+def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w: [out, in] float -> (q int8 [out, in], scale float32 [out])."""
+    w = np.asarray(w, np.float32)
+    amax = np.abs(w).max(axis=1)  # [out]
+    scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def dequantize_int8_per_channel(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * np.asarray(scale, np.float32)[:, None]  # [out, in]
+
+
+def check_group_size(in_features: int, group_size: int, name: str = "weight") -> None:
+    if group_size <= 0 or in_features % group_size:
+        raise InputError(f"--group-size {group_size} does not divide {name}'s {in_features} input channels; "
+                         f"choose a group size that divides it (32, 64 or 128 usually do)")
+
+
+def quantize_int4_blocked(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """w: [out, in] float -> (q int8 in -7..7 [out, in], scale float32 [out, in / group_size]).
+
+    One scale per `group_size` consecutive input channels of a row (ONNX blocked
+    DequantizeLinear along axis 1). Pack q with `pack_int4` for the checkpoint."""
+    w = np.asarray(w, np.float32)
+    out, inp = w.shape
+    check_group_size(inp, group_size)
+    groups = w.reshape(out, inp // group_size, group_size)  # [out, blocks, g]
+    amax = np.abs(groups).max(axis=2)  # [out, blocks]
+    scale = np.where(amax > 0, amax / INT4_MAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(groups / scale[:, :, None]), -INT4_MAX, INT4_MAX).astype(np.int8)
+    return q.reshape(out, inp), scale
+
+
+def dequantize_int4_blocked(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
+    """q: [out, in] int values (signed, or unsigned with `zero`), scale/zero: [out, blocks] -> [out, in] f32."""
+    out, inp = q.shape
+    blocks = scale.shape[1]
+    qf = q.reshape(out, blocks, inp // blocks).astype(np.float32)
+    if zero is not None:
+        qf = qf - zero.astype(np.float32)[:, :, None]
+    return (qf * np.asarray(scale, np.float32)[:, :, None]).reshape(out, inp)
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """[rows, n] int values in -8..7 (or 0..15) -> uint8 [rows, ceil(n/2)], even index in the low nibble."""
+    q = np.asarray(q)
+    if q.shape[-1] % 2:
+        q = np.concatenate([q, np.zeros(q.shape[:-1] + (1,), q.dtype)], axis=-1)
+    nibbles = (q.astype(np.int16) & 0xF).astype(np.uint8)
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, n: int, signed: bool = True) -> np.ndarray:
+    """uint8 [rows, ceil(n/2)] -> int8 [rows, n]: two's complement nibbles when signed, else 0..15."""
+    packed = np.asarray(packed, np.uint8)
+    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), np.int8)
+    out[..., 0::2] = packed & 0xF
+    out[..., 1::2] = packed >> 4
+    if signed:
+        out = np.where(out >= 8, out - 16, out).astype(np.int8)
+    return out[..., :n]
