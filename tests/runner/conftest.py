@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from runner_engines import GQA_PASSES, add_word_tokenizer, build_engine
+from runner_engines import add_word_tokenizer, build_engine
 from sample_texts import ENGLISH_CORPUS, MULTILINGUAL
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.implementations import SentencePieceBPETokenizer
@@ -62,47 +62,6 @@ def byte_fallback_tokenizer() -> Tokenizer:
 
 
 # --- engine dirs for the generation tests (built once per session) ---------------------------
-
-
-@pytest.fixture(scope="session")
-def smollm2_ckpt(smollm2_gguf, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("smollm2") / "ckpt"
-    convert(smollm2_gguf, out, dtype="float32")
-    return out
-
-
-@pytest.fixture(scope="session")
-def smollm2_engine(smollm2_ckpt) -> Path:
-    """SmolLM2 fp32 with the default onnxruntime pass list."""
-    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine")
-
-
-@pytest.fixture(scope="session")
-def smollm2_gqa_engine(smollm2_ckpt) -> Path:
-    """SmolLM2 fp32 lowered to GroupQueryAttention (in-place KV through a shared buffer)."""
-    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "engine-gqa", ort_passes=GQA_PASSES)
-
-
-@pytest.fixture(scope="session")
-def smollm2_llm(smollm2_engine):
-    from engine_builder import LLM
-
-    llm = LLM(smollm2_engine, backend="onnxruntime")
-    yield llm
-    llm.close()
-
-
-@pytest.fixture(scope="session")
-def hf_smollm2(smollm2_gguf):
-    """The reference: transformers' own GGUF loader, float32."""
-    import torch
-    import transformers
-
-    path = smollm2_gguf
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                              dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model, tokenizer
 
 
 @pytest.fixture(scope="session")
