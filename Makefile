@@ -25,4 +25,10 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q
 
-.PHONY: install demo test
+# llama.cpp for benchmarks/quant_decode.py, compiled from source. Not the default native build: it
+# segfaults in llama_decode on these CPUs (AMX reported; measured), so name the ISA levels instead.
+bench-install: install
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+	  -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" $(BIN)/pip install -e '.[bench]'
+
+.PHONY: install demo test bench-install

@@ -1,25 +1,33 @@
 """`trtbuild convert`: HF safetensors dir or GGUF file -> canonical checkpoint dir.
 
 Tensors stream one at a time from the source (memory-mapped, lazy) into rank0.safetensors,
-so peak memory stays at a few tensors whatever the model size.
+so peak memory stays at a few tensors whatever the model size. With --quant the float
+checkpoint is written to a scratch dir inside the temp output first, then quantized from
+there (converters/quantize/quantized_checkpoint.py); pre-quantized AWQ / GPTQ sources are
+re-laid out as they stream (converters/quantize/prequantized.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.base import Plan, TensorInfo, get_converter, plan_conversion
-from converters.safetensors_writer import StreamingSafetensorsWriter
+from converters.base import Plan, PlannedTensor, TensorInfo, get_converter, plan_conversion
+from converters.quantize import prequantized
+from converters.quantize.options import QuantOptions, select_linears
+from converters.quantize.prequantized import PrequantizedFormat
+from converters.quantize.quantized_checkpoint import Progress, quantize_checkpoint
+from converters.safetensors_writer import ST_DTYPES, StreamingSafetensorsWriter
 from converters.sources import Source, open_source
 from engine_builder import __version__
 from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
-from engine_builder.config import CheckpointConfig, ModelConfig, SourceFile, SourceFingerprint
+from engine_builder.config import CheckpointConfig, ModelConfig, Quantization, SourceFile, SourceFingerprint
 from engine_builder.errors import InputError, UnsupportedError
 from engine_builder.file_hash import sha256_file
 from engine_builder.memory import PeakRss
@@ -27,6 +35,8 @@ from engine_builder.memory import PeakRss
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # dtype -> bytes per element
 WEIGHTS_FILE = "rank0.safetensors"
 CAST_CHUNK_BYTES = 4 << 20  # source bytes cast per step: a multiple of every element size
+FLOAT_SCRATCH = ".float-checkpoint"  # inside the temp output: the float checkpoint --quant starts from
+TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model", "vocab.json")  # an HF dir needs one to tokenize
 
 
 @dataclass(frozen=True)
@@ -35,9 +45,16 @@ class ConversionPlan:
     model: ModelConfig
     plan: Plan
     dtype: str
+    infos: dict[str, TensorInfo]  # the source's, a packed linear standing as its [out, in] weight
+    prequantized: PrequantizedFormat | None = None
+
+    def packed(self, t: PlannedTensor) -> bool:
+        """Is planned tensor `t` a linear weight that a pre-quantized source stores packed?"""
+        return self.infos[t.sources[0]].dtype == prequantized.WEIGHT_DTYPE
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of the float checkpoint (packed linears counted as float: a progress total)."""
         size = DTYPES[self.dtype]
         return sum(math.prod(t.shape) * size for t in self.plan.tensors)
 
@@ -49,13 +66,17 @@ class ConvertResult:
     source_format: str
     dtype: str
     tensors: int
-    bytes: int
+    bytes: int  # of the tensors in OUT's rank0.safetensors
     largest_tensor_bytes: int
     seconds: float
     mb_per_s: float
     peak_rss_bytes: int
     dropped: tuple[str, ...]
     tokenizer_files: tuple[str, ...]
+    quantization: str = "none"  # the scheme: --quant's, or awq / gptq for an ingested source
+    quantized: int = 0  # linears stored quantized
+    excluded: tuple[str, ...] = ()  # linears kept in full precision
+    calibration_seconds: float = 0.0
 
 
 def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
@@ -63,14 +84,17 @@ def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
     if dtype != "auto" and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     source = open_source(Path(src))
+    fmt = prequantized.detect(source.hf_config)
     converter = get_converter(source.hf_config.get("model_type"))
     model = converter.config_from_hf(source.hf_config)
     model.validate()
     infos = source.tensor_infos()
+    if fmt:
+        infos = prequantized.weight_infos(infos, fmt)
     conversion = plan_conversion(converter, model, infos)
     if dtype == "auto":
         dtype = _auto_dtype(conversion, infos)
-    return ConversionPlan(source, model, conversion, dtype)
+    return ConversionPlan(source, model, conversion, dtype, infos, fmt)
 
 
 def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
@@ -84,48 +108,115 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
     return dtype
 
 
-def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> ConvertResult:
-    """Convert SRC into checkpoint dir OUT. `progress(n, total)` hears of every n bytes written."""
+def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quant: str = "none",
+            group_size: int = 128, kv_cache: str = "none", calib: Path | None = None,
+            calib_samples: int | None = None, calib_seq_len: int | None = None, exclude: Iterable[str] = (),
+            progress: Progress | None = None) -> ConvertResult:
+    """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none".
+
+    The keywords are `trtbuild convert`'s options (see its --help). `dtype` "auto" keeps the
+    source's float dtype, or float32 when quantizing. `progress(stage, n, total)` hears of every
+    n bytes written ("converting", "quantizing") and of calibration windows ("calibrating")."""
     out = Path(out)
     check_output_dir(out, force)  # fail before any expensive work
+    options = QuantOptions(quant, group_size, kv_cache, Path(calib) if calib else None, calib_samples,
+                           calib_seq_len, tuple(exclude))
+    options.validate()
     started = time.perf_counter()
     peak = PeakRss()
-    cp = plan(src, dtype)
-    itemsize = DTYPES[cp.dtype]
-    infos = cp.source.tensor_infos()
+    quantizing = options.scheme != "none"
+    cp = plan(src, "float32" if quantizing and dtype == "auto" else dtype)
+    if quantizing:
+        if cp.prequantized:
+            raise InputError(f"{src} is already quantized ({cp.prequantized.method}); it is ingested as it is, "
+                             f"so drop --quant {options.scheme} (or convert its unquantized original with it)")
+        select_linears(cp.model, options)  # a bad --exclude or --group-size fails before any work
+    text = None
+    if options.calibrated:  # a missing or empty --calib file fails now, not after the float checkpoint
+        from converters.quantize import calibration_text
+
+        text = calibration_text.load(options.calib)
+        if cp.source.kind == "hf-safetensors" and not any((Path(src) / f).is_file() for f in TOKENIZER_MODELS):
+            raise InputError(f"--quant {options.scheme} calibrates on text tokenized with the model's tokenizer, "
+                             f"but {src} has no {', '.join(TOKENIZER_MODELS)}; add them, or use --quant int8_wo "
+                             f"or int4_wo, which need no calibration")
     # hashing runs beside the conversion, a shard per thread: hashlib releases the GIL on
     # large buffers, and the unchanged-dtype copy itself runs in the kernel
     with ThreadPoolExecutor(max_workers=2) as pool:
         hashes = {p: pool.submit(sha256_file, p) for p in cp.source.files()}
         with atomic_output_dir(out, force) as tmp:
-            layout = [(t.name, cp.dtype, t.shape) for t in cp.plan.tensors]
-            largest = max(math.prod(t.shape) * itemsize for t in cp.plan.tensors)
-            with StreamingSafetensorsWriter(tmp / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
-                for t in cp.plan.tensors:
-                    for name in t.sources:
-                        _write_part(cp.source, writer, t.name, name, infos[name].dtype, cp.dtype)
-                        if progress:
-                            progress(math.prod(infos[name].shape) * itemsize, cp.total_bytes)
-            tokenizer_files = cp.source.write_tokenizer(tmp)
-            if "generation_config.json" not in tokenizer_files:
-                if _write_generation_config(tmp, cp.source.hf_config):
-                    tokenizer_files.append("generation_config.json")
-            hf = cp.source.hf_config
-            fingerprint = SourceFingerprint(
-                format=cp.source.kind, model_type=hf.get("model_type", ""),
-                architectures=tuple(hf.get("architectures") or ()),
-                files=tuple(SourceFile(p.name, p.stat().st_size, f.result()) for p, f in hashes.items()))
-            config = CheckpointConfig(model=cp.model, dtype=cp.dtype, source=fingerprint,
-                                      num_tensors=len(cp.plan.tensors), trtbuild_version=__version__)
-            (tmp / "config.json").write_text(config.to_json())
+            float_dir = tmp / FLOAT_SCRATCH if quantizing else tmp
+            float_dir.mkdir(exist_ok=True)
+            written = _write_checkpoint(cp, float_dir, hashes, progress)
+            if quantizing:
+                result = quantize_checkpoint(float_dir, tmp, options, progress, text)
+                shutil.rmtree(float_dir)
+                written = _Written(result.tensors, result.bytes, written.largest, written.tokenizer_files,
+                                   result.scheme, len(result.quantized), result.excluded,
+                                   result.calibration_seconds)
     seconds = time.perf_counter() - started
-    total = cp.total_bytes
     return ConvertResult(
         out=str(out), model_type=cp.model.architecture, source_format=cp.source.kind, dtype=cp.dtype,
-        tensors=len(cp.plan.tensors), bytes=total, largest_tensor_bytes=largest, seconds=round(seconds, 3),
-        mb_per_s=round(total / 1e6 / seconds, 1), peak_rss_bytes=peak.above_baseline(),
-        dropped=cp.plan.dropped, tokenizer_files=tuple(tokenizer_files))
+        tensors=written.tensors, bytes=written.bytes, largest_tensor_bytes=written.largest,
+        seconds=round(seconds, 3), mb_per_s=round(written.bytes / 1e6 / seconds, 1),
+        peak_rss_bytes=peak.above_baseline(), dropped=cp.plan.dropped, tokenizer_files=written.tokenizer_files,
+        quantization=written.scheme, quantized=written.quantized, excluded=written.excluded,
+        calibration_seconds=written.calibration_seconds)
+
+
+@dataclass(frozen=True)
+class _Written:
+    tensors: int
+    bytes: int
+    largest: int
+    tokenizer_files: tuple[str, ...]
+    scheme: str = "none"
+    quantized: int = 0
+    excluded: tuple[str, ...] = ()
+    calibration_seconds: float = 0.0
+
+
+def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[str]],
+                      progress: Progress | None) -> _Written:
+    """Stream the planned tensors into OUT (a float checkpoint, or the re-laid-out pre-quantized one)."""
+    itemsize = DTYPES[cp.dtype]
+    quantization, sym = Quantization(), False
+    if cp.prequantized:
+        quantization = prequantized.quantization_block(cp.source, cp.model, cp.plan.tensors, cp.infos,
+                                                       cp.prequantized)
+        sym = not quantization.zero_point
+    layout = []
+    for t in cp.plan.tensors:
+        if cp.packed(t):
+            layout += prequantized.linear_layout(t, cp.dtype, cp.prequantized.group_size, sym)
+        else:
+            layout.append((t.name, cp.dtype, t.shape))
+    with StreamingSafetensorsWriter(out / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
+        for t in cp.plan.tensors:
+            if cp.packed(t):
+                prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
+                if progress:
+                    progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
+                continue
+            for name in t.sources:
+                _write_part(cp.source, writer, t.name, name, cp.infos[name].dtype, cp.dtype)
+                if progress:
+                    progress("converting", math.prod(cp.infos[name].shape) * itemsize, cp.total_bytes)
+    tokenizer_files = cp.source.write_tokenizer(out)
+    if "generation_config.json" not in tokenizer_files:
+        if _write_generation_config(out, cp.source.hf_config):
+            tokenizer_files.append("generation_config.json")
+    hf = cp.source.hf_config
+    fingerprint = SourceFingerprint(
+        format=cp.source.kind, model_type=hf.get("model_type", ""),
+        architectures=tuple(hf.get("architectures") or ()),
+        files=tuple(SourceFile(p.name, p.stat().st_size, f.result()) for p, f in hashes.items()))
+    config = CheckpointConfig(model=cp.model, dtype=cp.dtype, source=fingerprint, quantization=quantization,
+                              num_tensors=len(layout), trtbuild_version=__version__)
+    (out / "config.json").write_text(config.to_json())
+    sizes = [math.prod(shape) * ST_DTYPES[dtype][1] for _, dtype, shape in layout]
+    return _Written(len(layout), sum(sizes), max(sizes), tuple(tokenizer_files), quantization.scheme,
+                    len(quantization.quantized), quantization.excluded)
 
 
 def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: str, name: str,
@@ -134,8 +225,9 @@ def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: s
     as-is in the right dtype, otherwise load it (one tensor in memory) and cast."""
     if source_dtype not in DTYPES:
         raise UnsupportedError(
-            f"tensor {name!r} is {source_dtype}; pre-quantized checkpoints are not supported yet, "
-            f"convert the unquantized model")
+            f"tensor {name!r} is {source_dtype}, not a float dtype; of pre-quantized checkpoints trtbuild ingests "
+            f"AutoAWQ (gemm) and GPTQ ones declared in config.json's quantization_config: convert the "
+            f"unquantized model (with --quant to quantize it here)")
     raw = source.raw_range(name)
     if raw is not None and source_dtype == dtype:
         writer.append_range(canonical, *raw)

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     import torch
 
@@ -62,11 +64,14 @@ class StreamingSafetensorsWriter:
             raise RuntimeError(f"{name!r} received more bytes than its shape holds")
         self._pending -= nbytes
 
-    def append(self, name: str, part: torch.Tensor) -> None:
-        """Write `part`, the whole tensor `name` or its next dim-0 slice."""
-        import torch
+    def append(self, name: str, part: torch.Tensor | np.ndarray) -> None:
+        """Write `part` (a torch tensor or a numpy array), the whole tensor `name` or its next dim-0 slice."""
+        if isinstance(part, np.ndarray):  # numpy arrays spare the quantizer importing torch
+            data = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+        else:
+            import torch
 
-        data = part.contiguous().view(torch.uint8).numpy()
+            data = part.contiguous().view(torch.uint8).numpy()
         self._claim(name, data.nbytes)
         self._file.write(memoryview(data))
 

@@ -54,7 +54,7 @@ def open_source(src: Path) -> Source:
     return HFSafetensorsSource(src)
 
 
-def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
+def safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
     """Parse and sanity-check a safetensors header without touching the tensor data."""
     size = path.stat().st_size
     try:
@@ -93,7 +93,7 @@ class HFSafetensorsSource:
         self._ranges: dict[str, tuple[Path, int, int]] = {}
         self._infos: dict[str, TensorInfo] = {}
         for shard in self._shards:
-            header_len, header = _safetensors_header(shard)
+            header_len, header = safetensors_header(shard)
             for name, meta in header.items():
                 if name == "__metadata__":
                     continue

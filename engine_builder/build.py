@@ -30,10 +30,10 @@ from engine_builder.config import CheckpointConfig
 from engine_builder.engine_files import ENGINE_FILE, ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION, ORT_MODEL, TRT_MODEL
 from engine_builder.file_hash import sha256_file
 from engine_builder.memory import PeakRss
-from engine_builder.network import NetworkOptions, build_decoder
+from engine_builder.network import NetworkOptions, build_decoder, save_graph
 from engine_builder.network import graph_io as io
 from engine_builder.network.weights import WEIGHTS_FILE, link_weights
-from engine_builder.target_check import check_target_ops
+from engine_builder.target_check import check_quantized_build, check_target_ops
 from passes.base import PassManager
 
 _NOT_TOKENIZER = {"config.json", WEIGHTS_FILE}
@@ -52,6 +52,7 @@ class BuildResult:
     seconds: float
     peak_rss_bytes: int
     tensorrt: dict[str, Any] | None
+    fidelity: dict[str, Any] | None = None  # figures of the recipe's fidelity gate (engine_builder/eval/gate.py)
 
 
 def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, dict]:
@@ -120,12 +121,16 @@ def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[
 
 
 def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: bool = False,
-          explain: bool = False, stage: Stage | None = None, trt_progress: Callable | None = None) -> BuildResult:
-    """Build engine dir OUT from checkpoint dir CKPT. `stage(text)` hears of each step."""
+          explain: bool = False, stage: Stage | None = None, trt_progress: Callable | None = None,
+          gate: Callable[[Path, Stage], dict[str, Any]] | None = None) -> BuildResult:
+    """Build engine dir OUT from checkpoint dir CKPT. `stage(text)` hears of each step. `gate(dir, stage)`
+    checks the finished dir before it is renamed to OUT: it raises to discard it, or returns figures
+    recorded in the manifest."""
     config.validate()
     ckpt, out = Path(ckpt), Path(out)
     checkpoint = CheckpointConfig.load(ckpt)
     check_pass_lists(config)
+    check_quantized_build(checkpoint.quantization, config.targets, config.dtype, config.compute_capabilities)
     check_output_dir(out, force)
     started, peak = time.perf_counter(), PeakRss()
     network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
@@ -133,14 +138,19 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         link_weights(ckpt, tmp)
         lowered = lower_for_targets(
             tmp, config, make_model=lambda: build_decoder(ckpt, network),
-            save=ir.save,  # weights stay external: rank0.safetensors at their offsets
+            # weights stay external (rank0.safetensors at their offsets); pass-made ones go to <model>.data
+            save=save_graph,
             trt_options=lambda model: _trt_options(config, list(model.graph.inputs)),
             explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
         result = build_result(out, config, lowered, started, peak)
-        (tmp / "config.json").write_text(json.dumps(_manifest(checkpoint, config, result), indent=2) + "\n")
+        manifest = _manifest(checkpoint, config, result) | {"quantization": _quantization(checkpoint, tmp / ORT_MODEL)}
+        (tmp / "config.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if gate is not None:  # runs on the complete engine dir (manifest included), before OUT exists
+            result = dataclasses.replace(result, fidelity=gate(tmp, stage or (lambda _: None)))
+            (tmp / "config.json").write_text(json.dumps({**manifest, "fidelity": result.fidelity}, indent=2) + "\n")
     return result
 
 
@@ -161,6 +171,18 @@ def _trt_options(config: BuildConfig, inputs: list[ir.Value]) -> Any:
         refittable=config.weights == "refittable", strip_weights=config.weights == "stripped",
         # TensorRT-RTX has no fp32 attention kernel: let it build fp32 attention from plain ops
         decomposable_attention=config.dtype == "float32")
+
+
+def _quantization(checkpoint: CheckpointConfig, ort_model: Path) -> dict[str, Any]:
+    """The scheme, and how the onnxruntime twin computes its quantized linears: MatMulNBits'
+    accuracy_level (0 float activations, exact; 4 int8 activations, faster), None when not lowered."""
+    import onnx
+
+    from passes.lower_ort_matmulnbits import ACCURACY_META
+
+    meta = {p.key: p.value for p in onnx.load(str(ort_model), load_external_data=False).metadata_props}
+    level = meta.get(ACCURACY_META)  # one level per graph: it follows the activation dtype
+    return {"scheme": checkpoint.quantization.scheme, "onnxruntime_accuracy_level": int(level) if level else None}
 
 
 def _manifest(checkpoint: CheckpointConfig, config: BuildConfig, result: BuildResult) -> dict[str, Any]:

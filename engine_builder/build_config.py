@@ -25,9 +25,10 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
     # TensorRT-RTX takes Attention-24 with an explicit mask (it ignores nonpad_kv_seqlen and aligns
     # is_causal top-left), TensorScatter-24 and RotaryEmbedding-23, but no Attention softcap
     "tensorrt": (*FUSIONS, "eliminate_dead_code"),
-    # onnxruntime: GroupQueryAttention updating a shared past/present buffer in place
+    # onnxruntime: GroupQueryAttention updating a shared past/present buffer in place; quantized
+    # linears as MatMulNBits (the tensorrt graph keeps DequantizeLinear -> MatMul, which TRT fuses)
     "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "lower_ort_attention", "lower_ort_norms",
-                    "eliminate_dead_code"),
+                    "lower_ort_matmulnbits", "eliminate_dead_code"),
 }
 
 
@@ -82,12 +83,44 @@ class BuildConfig:
 
 
 @dataclass(frozen=True)
+class Fidelity:
+    """A recipe's fidelity gate: `trtbuild eval` figures the built onnxruntime twin must meet before the
+    engine dir is renamed into place. Paths are relative to the recipe file; unset bounds are not checked."""
+
+    reference: str | None = None  # checkpoint or engine dir to compare against (needed by the last three bounds)
+    text: str | None = None  # .txt / .jsonl; None = the shipped eval text
+    max_tokens: int | None = None  # None = eval's default
+    context: int | None = None  # window length; None = eval's default
+    max_ppl: float | None = None
+    max_ppl_ratio: float | None = None  # ppl / reference ppl
+    max_kl: float | None = None  # mean KL(reference || engine), nats per position
+    min_top1_agreement: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "context"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+                raise ConfigError(f"fidelity.{name} must be an integer >= 2, got {value!r}")
+        for name in ("max_ppl", "max_ppl_ratio", "max_kl", "min_top1_agreement"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+                raise ConfigError(f"fidelity.{name} must be a non-negative number, got {value!r}")
+        if self.min_top1_agreement is not None and self.min_top1_agreement > 1:
+            raise ConfigError(f"fidelity.min_top1_agreement is a fraction in [0, 1], got {self.min_top1_agreement}")
+        needs_reference = [n for n in ("max_ppl_ratio", "max_kl", "min_top1_agreement") if getattr(self, n) is not None]
+        if needs_reference and self.reference is None:
+            raise ConfigError(f"fidelity.{needs_reference[0]} compares against a reference: set fidelity.reference "
+                              f"to a checkpoint or engine dir (relative to the recipe)")
+
+
+@dataclass(frozen=True)
 class Recipe:
-    """A YAML recipe: the build settings plus what it is for (model, quantization)."""
+    """A YAML recipe: the build settings plus what it is for (model, quantization), and its fidelity gate."""
 
     model: str = ""  # what the recipe builds, e.g. "SmolLM2-135M-Instruct"; informational
     quantization: str = "none"
     build: BuildConfig = field(default_factory=BuildConfig)
+    fidelity: Fidelity | None = None
 
 
 def load_recipe(path: Path) -> Recipe:

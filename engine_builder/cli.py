@@ -15,14 +15,12 @@ import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
     Progress,
     SpinnerColumn,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
 
@@ -77,9 +75,25 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def byte_progress(enabled: bool) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), console=stderr, disable=not enabled, transient=True)
+def convert_progress(enabled: bool) -> tuple[Progress, Callable[[str, int, int], None]]:
+    """A bar per convert stage and the `progress(stage, n, total)` callback that drives them: bytes for
+    converting and quantizing, windows of text for calibrating."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                        TextColumn("{task.fields[amount]}"), TimeRemainingColumn(), console=stderr,
+                        disable=not enabled, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(stage: str, n: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total, amount="")
+        progress.update(tasks[stage], advance=n if stage != "calibrating" else None,
+                        completed=n if stage == "calibrating" else None, total=total)
+        task = progress.tasks[tasks[stage]]
+        amount = (f"{task.completed:.0f}/{total} windows" if stage == "calibrating"
+                  else f"{task.completed / 1e6:.0f}/{total / 1e6:.0f} MB")
+        progress.update(tasks[stage], amount=amount)
+
+    return progress, update
 
 
 @app.command()
@@ -87,18 +101,50 @@ def byte_progress(enabled: bool) -> Progress:
 def convert(
     src: Annotated[Path, typer.Argument(help="HF model dir (config.json + *.safetensors) or a .gguf file.")],
     out: Annotated[Path, typer.Argument(help="Checkpoint dir to create.")],
-    dtype: Annotated[str, typer.Option(help="Weight dtype: auto (keep the source's; float32 for GGUF), "
-                                            "float32, float16 or bfloat16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Float dtype of the weights (and of the embeddings, norms and scales "
+                                            "when quantizing): auto (keep the source's; float32 for GGUF and "
+                                            "with --quant), float32, float16 or bfloat16.")] = "auto",
+    quant: Annotated[str, typer.Option(
+        metavar="SCHEME",
+        help="Weight quantization: none; int8_wo (int8 per output channel, weight-only); int4_wo (int4 per group "
+             "of --group-size inputs, round-to-nearest); int4_awq (int4 with activation-aware scales from "
+             "calibration text); w8a8_sq (int8 weights and activations, SmoothQuant); fp8 (e4m3 weights and "
+             "activations, per tensor). An AWQ / GPTQ source is ingested as it is, without --quant.")] = "none",
+    group_size: Annotated[int, typer.Option(
+        metavar="32|64|128",
+        help="Input channels per int4 scale. Smaller is more accurate and larger on disk; it must divide "
+             "every linear's input size (SmolLM2's 576: 64 or 32).")] = 128,
+    kv_cache: Annotated[str, typer.Option(
+        metavar="none|int8|fp8", help="KV-cache precision recorded for `trtbuild build`: none (the compute "
+                                      "dtype), int8 or fp8.")] = "none",
+    calib: Annotated[Path | None, typer.Option(
+        metavar="FILE",
+        help="Calibration text for int4_awq, w8a8_sq and fp8: a .txt, or a .jsonl with a \"text\" field per "
+             "line, typical of the model's use. Default: the shipped public-domain text "
+             "(engine_builder/data/calibration.txt).")] = None,
+    calib_samples: Annotated[int | None, typer.Option(
+        metavar="N", help="Windows of calibration text to prefill (default 32).")] = None,
+    calib_seq_len: Annotated[int | None, typer.Option(
+        metavar="N", help="Tokens per calibration window (default 256).")] = None,
+    exclude: Annotated[list[str] | None, typer.Option(
+        metavar="PATTERN", help="Keep the linears matching PATTERN in full precision (repeatable; fnmatch over "
+                                "names like lm_head, layers.0.*, *.mlp.down).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the tensor name mapping; write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
-    """Convert an HF checkpoint or GGUF file into a canonical trtbuild checkpoint.
+    """Convert an HF checkpoint or GGUF file into a canonical trtbuild checkpoint, optionally quantized.
 
     Tensors are streamed one at a time (q/k/v and gate/up fused), so memory stays near the
-    size of the largest tensor. OUT is written to a temp dir and renamed at the end.
+    size of the largest tensor (plus the activation statistics when calibrating). OUT is
+    written to a temp dir and renamed at the end.
 
-    Example: trtbuild convert ./SmolLM2-135M-Instruct ckpt --dtype float16
+    Examples:
+
+    \b
+      trtbuild convert ./SmolLM2-135M-Instruct ckpt --dtype float16
+      trtbuild convert model.gguf ckpt-int8 --quant int8_wo --exclude lm_head
+      trtbuild convert model.gguf ckpt-int4 --quant int4_awq --group-size 64 --calib my-text.jsonl
     """
     from converters.convert import convert as convert_checkpoint
     from converters.convert import plan
@@ -118,16 +164,19 @@ def convert(
             table.add_row(name, "(dropped on purpose)", "")
         stdout.print(table)
         return
-    with byte_progress(enabled=not as_json) as progress:
-        task = progress.add_task("converting", total=None)
-        result = convert_checkpoint(src, out, dtype=dtype, force=force,
-                                    progress=lambda n, total: progress.update(task, advance=n, total=total))
+    progress, on_progress = convert_progress(enabled=not as_json)
+    with progress:
+        result = convert_checkpoint(src, out, dtype=dtype, force=force, quant=quant, group_size=group_size,
+                                    kv_cache=kv_cache, calib=calib, calib_samples=calib_samples,
+                                    calib_seq_len=calib_seq_len, exclude=exclude or (), progress=on_progress)
     if as_json:
         print_json(result)
-    else:
-        stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
-                  f"{result.bytes / 1e6:.1f} MB {result.dtype} in {result.seconds:.1f}s "
-                  f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")
+        return
+    quantized = (f", {result.quantization}: {result.quantized} linears quantized, {len(result.excluded)} kept float"
+                 if result.quantization != "none" else "")
+    stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
+                 f"{result.bytes / 1e6:.1f} MB {result.dtype}{quantized} in {result.seconds:.1f}s "
+                 f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")
 
 
 @app.command()
@@ -170,7 +219,8 @@ def build(
     """
     from engine_builder.build_config import BuildConfig, apply_overrides, load_recipe, parse_set
 
-    config = load_recipe(recipe).build if recipe else BuildConfig()
+    loaded = load_recipe(recipe) if recipe else None
+    config = loaded.build if loaded else BuildConfig()
     flags: dict[str, Any] = {"dtype": dtype, "limits.max_batch": max_batch, "limits.max_input_len": max_input_len,
                              "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
                              "weights": weights,
@@ -179,7 +229,15 @@ def build(
         flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
     overrides = {k: v for k, v in flags.items() if v is not None}
     config = apply_overrides(config, {**overrides, **parse_set(set_ or [])})
+    gate = None
+    if loaded is not None and loaded.fidelity is not None:  # checks the gate's paths before the build starts
+        from engine_builder.eval.gate import fidelity_gate
+
+        gate = fidelity_gate(loaded.fidelity, recipe)
     if onnx is not None:
+        if gate is not None:
+            raise InputError(f"recipe {recipe} has a fidelity gate, which needs a checkpoint (its tokenizer); "
+                             "build from the checkpoint, or use a recipe without a fidelity block")
         from engine_builder.third_party import build_third_party
 
         out = out or ckpt  # `build --onnx model.onnx OUT`: OUT is the only positional
@@ -193,7 +251,7 @@ def build(
 
         with build_progress(enabled=not as_json) as (stage, trt_progress):
             result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
-                                      trt_progress=trt_progress)
+                                      trt_progress=trt_progress, gate=gate)
     if as_json:
         print_json(result)
         return
@@ -206,6 +264,9 @@ def build(
     engine = f", engine {result.engine_bytes / 1e6:.1f} MB" if result.engine_bytes else ""
     stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{engine}, "
                  f"{result.seconds:.1f}s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB")
+    if result.fidelity:
+        shown = {k: result.fidelity.get(k) for k in ("ppl", "ppl_ratio", "kl", "top1_agreement")}
+        stdout.print("fidelity gate passed: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None))
 
 
 @contextlib.contextmanager
@@ -284,6 +345,24 @@ def _register_run() -> None:
 
 
 _register_run()
+
+
+def _register_serve() -> None:
+    from engine_builder.cli_serve import serve
+
+    app.command("serve")(user_errors(serve))
+
+
+_register_serve()
+
+
+def _register_eval() -> None:
+    from engine_builder.cli_eval import eval_command
+
+    app.command("eval")(user_errors(eval_command))
+
+
+_register_eval()
 
 if __name__ == "__main__":
     app()

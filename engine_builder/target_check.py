@@ -1,9 +1,12 @@
-"""After the passes: refuse a graph holding an op its target cannot take, naming who should lower it."""
+"""Refuse what a target cannot take: quantizations before any work, ops left after the passes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
+from engine_builder.config import Quantization
 from engine_builder.errors import UnsupportedError
 
 # op -> the pass that emits it, for ops only one backend implements
@@ -25,3 +28,32 @@ def check_target_ops(model: ir.Model, target: str) -> None:
             raise UnsupportedError(
                 f"node {node.name!r} is {op}, a TensorRT parser op onnxruntime does not have; "
                 f"remove the TensorRT lowering pass from passes.onnxruntime")
+
+
+# compute capabilities with FP8 tensor cores; TensorRT-RTX 1.7 refuses e4m3 for the others
+# ("Cannot compile for target(s) sm86, because the model contains HW-specific datatypes: fp8_e4m3")
+FP8_CAPABLE = ("sm89", "sm120", "sm121")
+
+
+def check_quantized_build(quantization: Quantization, targets: Sequence[str], dtype: str,
+                          compute_capabilities: Sequence[str]) -> None:
+    """Refuse, before any work, a quantization this build cannot lower, naming what would work.
+
+    The onnxruntime twin is always built, so its limits hold whatever the targets."""
+    q = quantization
+    fp8 = q.scheme == "fp8" or q.activation == "fp8"
+    if q.zero_point and "tensorrt" in targets:
+        raise UnsupportedError(
+            f"{q.scheme} int4 with zero points cannot build for --target tensorrt (TensorRT refuses int4 zero "
+            f"points); build for --target onnxruntime, or convert the float model with --quant int4_awq, "
+            f"which is symmetric")
+    if fp8 and dtype != "float16":
+        raise UnsupportedError(
+            f"fp8 needs --dtype float16 (onnxruntime cannot run FP8 Q/DQ in {dtype}, and the onnxruntime twin "
+            f"is always built); build with --dtype float16, or use int8_wo")
+    old = [cc for cc in compute_capabilities if cc not in FP8_CAPABLE]
+    if fp8 and "tensorrt" in targets and old:
+        raise UnsupportedError(
+            f"fp8 needs compute capability 8.9 or newer, and {','.join(old)} has no FP8 tensor cores; build with "
+            f"--cc {','.join(c for c in compute_capabilities if c in FP8_CAPABLE) or 'sm89,sm120'}, "
+            f"or use int8_wo / int4_awq for older GPUs")

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from engine_builder.config import ModelConfig
 from engine_builder.network.builder import FLOAT, GraphBuilder
+from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
 from engine_builder.network.norms import rms_norm
 from engine_builder.network.rotary import RotaryTables, apply_rotary
@@ -39,7 +40,7 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
     sliding = cfg.layer_types[layer] == "sliding_attention"
     with b.scope("attn"):
         qkv_bias = w[p + "qkv.bias"] if cfg.qkv_bias else None
-        qkv = b.linear(x, w[p + "qkv.weight"], qkv_bias)  # [batch, seq, q_dim + 2 kv_dim]
+        qkv = linear(b, w, x, p + "qkv", qkv_bias)  # [batch, seq, q_dim + 2 kv_dim]
         q, k, v = b.op_multi("Split", qkv, b.ints([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]), axis=-1, num_outputs=3)
         q = b.op("Reshape", q, b.ints([0, 0, heads, head_dim]))  # [batch, seq, heads, head_dim]
         k = b.op("Reshape", k, b.ints([0, 0, kv_heads, head_dim]))  # [batch, seq, kv_heads, head_dim]
@@ -72,7 +73,7 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
             probs = b.cast(b.op("Softmax", b.cast(scores, FLOAT), axis=-1), b.dtype)
         out = b.op("MatMul", probs, values)  # [batch, heads, seq, head_dim]
         out = b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints([0, 0, cfg.q_dim]))
-        out = b.linear(out, w[p + "o.weight"], w[p + "o.bias"] if cfg.o_bias else None)  # [batch, seq, hidden]
+        out = linear(b, w, out, p + "o", w[p + "o.bias"] if cfg.o_bias else None)  # [batch, seq, hidden]
     return AttentionOutputs(out, present_key, present_value)
 
 

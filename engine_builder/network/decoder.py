@@ -9,10 +9,10 @@ from onnx_ir.passes.common import ShapeInferencePass
 
 from engine_builder import __version__
 from engine_builder.config import CheckpointConfig, LayerType, ModelConfig
-from engine_builder.errors import UnsupportedError
 from engine_builder.network import graph_io as io
 from engine_builder.network.attention import self_attention
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
+from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks, attention_masks
 from engine_builder.network.mlp import gated_mlp
 from engine_builder.network.norms import rms_norm
@@ -35,12 +35,9 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     ckpt = CheckpointConfig.load(ckpt_dir)
     cfg = ckpt.model
     cfg.validate()
-    if ckpt.quantization.scheme != "none":
-        raise UnsupportedError(f"{ckpt_dir} is quantized ({ckpt.quantization.scheme}); the network builder "
-                               f"handles unquantized checkpoints only so far")
     dtype = DTYPES[ckpt.dtype if options.dtype == "auto" else options.dtype]
     b = GraphBuilder(dtype)
-    w = CheckpointWeights(ckpt_dir, cfg, b)
+    w = CheckpointWeights(ckpt_dir, cfg, b, ckpt.quantization)
 
     input_ids = _input(io.INPUT_IDS, INT64, [io.BATCH, io.SEQ])
     position_ids = _input(io.POSITION_IDS, INT64, [io.BATCH, io.SEQ])
@@ -73,8 +70,10 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
             # Gather of index [-1] rather than Slice: shape inference then knows the 1
             hidden = b.op("Gather", hidden, b.ints([-1]), axis=1)  # [batch, 1, hidden]
         hidden = rms_norm(b, hidden, w["final_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")
-        lm_head = w["embed.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-        logits = b.linear(hidden, lm_head)  # [batch, seq or 1, vocab]
+        if cfg.tie_word_embeddings and "lm_head" not in ckpt.quantization.quantized:
+            logits = b.linear(hidden, w["embed.weight"])  # [batch, seq or 1, vocab]
+        else:  # a quantized lm_head has its own tensors, tied or not (FORMAT.md)
+            logits = linear(b, w, hidden, "lm_head")
         if cfg.final_logit_softcap:
             cap = b.const(cfg.final_logit_softcap)
             logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)

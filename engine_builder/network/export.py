@@ -29,8 +29,22 @@ def write_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = NetworkO
     try:
         # external_data=None keeps every weight where it is: location "rank0.safetensors"
         # relative to model.onnx, at its byte offset
-        ir.save(model, tmp)
+        save_graph(model, tmp, data_name=f"{MODEL_FILE}.data")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def save_graph(model: ir.Model, path: Path, data_name: str | None = None) -> None:
+    """Write MODEL to PATH. Checkpoint weights stay external where they are (rank0.safetensors at
+    their byte offsets); tensors a pass derived from them (ir.LazyTensor, e.g. MatMulNBits' B) are
+    computed one at a time and streamed into DATA_NAME (default PATH's name + ".data") beside it."""
+    path = Path(path)
+    derived = [v for v in model.graph.initializers.values() if isinstance(v.const_value, ir.LazyTensor)]
+    if derived:
+        written = ir.external_data.convert_tensors_to_external(
+            [v.const_value for v in derived], path.parent, data_name or f"{path.name}.data")
+        for value, tensor in zip(derived, written):
+            value.const_value = tensor
+    ir.save(model, path)

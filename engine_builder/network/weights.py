@@ -18,13 +18,16 @@ from pathlib import Path
 import onnx_ir as ir
 
 from converters.base import expected_shapes
-from engine_builder.config import ModelConfig
+from engine_builder.config import ModelConfig, Quantization
 from engine_builder.errors import InputError, UnsupportedError
 from engine_builder.network.builder import GraphBuilder
+from engine_builder.network.quantized_layout import FLOATS, StoredLayout, quantized_layout
 
 WEIGHTS_FILE = "rank0.safetensors"
 
-_ST_DTYPES = {"F32": ir.DataType.FLOAT, "F16": ir.DataType.FLOAT16, "BF16": ir.DataType.BFLOAT16}
+# quantized linears add I8, U8 (packed int4) and F8_E4M3 (converters/quantize/FORMAT.md)
+_ST_DTYPES = {"F32": ir.DataType.FLOAT, "F16": ir.DataType.FLOAT16, "BF16": ir.DataType.BFLOAT16,
+              "I8": ir.DataType.INT8, "U8": ir.DataType.UINT8, "F8_E4M3": ir.DataType.FLOAT8E4M3FN}
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def read_safetensors_index(path: Path) -> dict[str, StoredTensor]:
         if meta["dtype"] not in _ST_DTYPES:
             raise UnsupportedError(
                 f"{path.name}: tensor {name!r} is {meta['dtype']}; the network builder reads "
-                f"F32/F16/BF16 weights only (quantized checkpoints are not supported yet)")
+                f"{'/'.join(_ST_DTYPES)} tensors only; re-run `trtbuild convert`")
         begin, end = meta["data_offsets"]
         if data_start + end > size:
             raise InputError(f"{path} is truncated ({name!r} ends past the end of the file); "
@@ -68,36 +71,66 @@ def read_safetensors_index(path: Path) -> dict[str, StoredTensor]:
 class CheckpointWeights:
     """Canonical weight name -> graph value (an external initializer, cast to the compute dtype)."""
 
-    def __init__(self, ckpt_dir: Path, cfg: ModelConfig, b: GraphBuilder):
+    def __init__(self, ckpt_dir: Path, cfg: ModelConfig, b: GraphBuilder, quantization: Quantization = Quantization()):
         self.ckpt_dir = Path(ckpt_dir)
+        self.quantization = quantization
         self._b = b
         self._index = read_safetensors_index(self.ckpt_dir / WEIGHTS_FILE)
         self._values: dict[str, ir.Value] = {}
+        self._layouts: dict[str, StoredLayout] = {}
         self._check(cfg)
 
     def _check(self, cfg: ModelConfig) -> None:
-        for name, (shape, _) in expected_shapes(cfg).items():
-            stored = self._index.get(name)
-            if stored is None:
-                raise InputError(f"{self.ckpt_dir / WEIGHTS_FILE} has no tensor {name!r} that its "
-                                 f"config.json requires; re-run `trtbuild convert`")
-            if stored.shape != shape:
-                raise InputError(f"{name!r} has shape {list(stored.shape)} but config.json implies "
-                                 f"{list(shape)}; re-run `trtbuild convert`")
+        shapes = {name: shape for name, (shape, _) in expected_shapes(cfg).items()}
+        if cfg.tie_word_embeddings and "lm_head" in self.quantization.quantized:
+            shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)  # FORMAT.md: stored beside embed
+        for prefix in self.quantization.quantized:
+            if prefix + ".weight" not in shapes:
+                raise InputError(f"config.json's quantization lists {prefix!r}, which is not a linear of this "
+                                 f"model; re-run `trtbuild convert --quant`")
+            self._layouts |= quantized_layout(self.quantization, prefix, *shapes.pop(prefix + ".weight"))
+        for name, shape in shapes.items():
+            self._expect(name, FLOATS, shape)
+        for name, layout in self._layouts.items():
+            self._expect(name, layout.stored, layout.shape)
+
+    def _expect(self, name: str, dtypes: tuple[ir.DataType, ...], shape: tuple[int, ...]) -> None:
+        stored = self._index.get(name)
+        if stored is None:
+            raise InputError(f"{self.ckpt_dir / WEIGHTS_FILE} has no tensor {name!r} that its "
+                             f"config.json requires; re-run `trtbuild convert`")
+        if stored.shape != shape:
+            raise InputError(f"{name!r} has shape {list(stored.shape)} but config.json implies "
+                             f"{list(shape)}; re-run `trtbuild convert`")
+        if stored.dtype not in dtypes:
+            raise InputError(f"{name!r} is {stored.dtype.name} but config.json implies "
+                             f"{' or '.join(d.name for d in dtypes)}; re-run `trtbuild convert`")
 
     def __getitem__(self, name: str) -> ir.Value:
+        """A float tensor in the compute dtype."""
         if name not in self._values:
-            s = self._index[name]
-            tensor = ir.ExternalTensor(WEIGHTS_FILE, s.offset, s.length, s.dtype, shape=ir.Shape(s.shape),
-                                       name=name, base_dir=self.ckpt_dir)
-            value = self._b.initializer(ir.Value(name=name, shape=ir.Shape(s.shape),
-                                                 type=ir.TensorType(s.dtype), const_value=tensor))
-            if s.dtype != self._b.dtype:
+            value = self._initializer(name)
+            if value.dtype != self._b.dtype:
                 # e.g. a bfloat16 checkpoint run in float32 on onnxruntime
                 with self._b.scope(name, absolute=True):  # wherever the first use happens to be
                     value = self._b.cast(value, self._b.dtype)
             self._values[name] = value
         return self._values[name]
+
+    def stored(self, name: str) -> ir.Value:
+        """A quantized tensor as stored, never cast: packed int4 bytes seen as INT4/UINT4 [out, in]."""
+        if name not in self._values:
+            layout = self._layouts[name]
+            self._values[name] = self._initializer(name, layout.view, layout.view_shape)
+        return self._values[name]
+
+    def _initializer(self, name: str, view: ir.DataType | None = None,
+                     view_shape: tuple[int, ...] | None = None) -> ir.Value:
+        s = self._index[name]
+        dtype, shape = view or s.dtype, ir.Shape(view_shape or s.shape)
+        tensor = ir.ExternalTensor(WEIGHTS_FILE, s.offset, s.length, dtype, shape=shape, name=name,
+                                   base_dir=self.ckpt_dir)
+        return self._b.initializer(ir.Value(name=name, shape=shape, type=ir.TensorType(dtype), const_value=tensor))
 
 
 def link_weights(ckpt_dir: Path, out_dir: Path) -> Path:

@@ -18,10 +18,17 @@ them (printing, a network write) is not counted in the timings. Per-step Python 
 (everything in a decode step but the engine call) is measured in `Timings.overhead_share`.
 
 Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
+
+The step functions (admit, prefill, reprefill, decode, release) are public because two loops
+drive them: `_run_sampled` here (LLM.generate / stream: every admitted prompt prefilled whole)
+and engine_builder/executor (a thread serving requests that arrive at any time, with chunked
+prefill under a token budget). Whoever drives them claims the Generator first (`claim`): one
+driver at a time, since the KV cache and the per-slot next tokens are shared state.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -40,9 +47,11 @@ from engine_builder.runner.stopping import FinishReason, StopChecker
 
 @dataclass(frozen=True)
 class Event:
-    request: int  # index into the prompts of this run
+    request: int  # RequestState.index: the prompt's index in this run (an executor's request id)
     text: str  # new text safe to show (stop-string hold-back applied)
     finished: bool
+    token_id: int | None = None  # the token this event is for; None for beam search's single final event
+    logprobs: TokenLogprobs | None = None  # of token_id, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class _Clock:
 
 
 class Generator:
-    """Runs requests on one backend. One run at a time: the KV cache belongs to the run."""
+    """Runs requests on one backend. One driver at a time (claim): the KV cache belongs to it."""
 
     def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int] = (),
                  sampler: Sampler | None = None) -> None:
@@ -108,7 +117,22 @@ class Generator:
         self.sampler = sampler or Sampler()
         self.timings: Timings | None = None  # of the last finished run
         self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
-        self._running = False
+        self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
+        self._owner_lock = threading.Lock()
+
+    # --- ownership --------------------------------------------------------------------------
+
+    def claim(self, owner: str, release_hint: str) -> None:
+        """Take the step functions for `owner`, or raise InputError naming the current owner and
+        its release_hint (what a caller who finds the model busy should do)."""
+        with self._owner_lock:
+            if self._owner is not None:
+                raise InputError(f"this model is already generating ({self._owner[0]}); {self._owner[1]}")
+            self._owner = (owner, release_hint)
+
+    def unclaim(self) -> None:
+        with self._owner_lock:
+            self._owner = None
 
     # --- admission checks -------------------------------------------------------------------
 
@@ -151,10 +175,8 @@ class Generator:
         return requests, self._loop(requests)
 
     def _loop(self, requests: list[RequestState]) -> Iterator[Event]:
-        if self._running:
-            raise InputError("this model is already generating (an unfinished stream?); finish or close it first")
+        self.claim("an unfinished stream?", "finish or close it first")
         clock = _Clock(self.backend)
-        self._running = True
         try:
             yield from self._run_sampled(deque(r for r in requests if r.params.num_beams == 1), clock)
             for r in requests:
@@ -163,49 +185,79 @@ class Generator:
 
                     yield from run_beam_search(self, r, clock)
         finally:
-            self._running = False
             for r in requests:  # on an error or an abandoned stream: give every slot back
                 if r.slot is not None:
-                    self._release(r)
+                    self.release(r)
             self.timings = clock.timings()
+            self.unclaim()
 
     def _run_sampled(self, waiting: deque[RequestState], clock: _Clock) -> Iterator[Event]:
-        backend, kv = self.backend, self.backend.kv
+        kv = self.backend.kv
         active: dict[int, RequestState] = {}  # slot -> request
         while waiting or active:
             events: list[Event] = []
             started = time.perf_counter()
             while waiting and kv.num_free:
                 r = waiting.popleft()
-                r.slot = kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens)
-                self._prefill(r, r.prompt_ids, events)
+                self.admit(r)
+                self.prefill(r, events)
                 if r.slot is not None:
                     active[r.slot] = r
-            if backend.reprefill_after is not None:  # longrope: a sequence crossing the switch is recomputed
-                for slot, r in list(active.items()):
-                    if kv.length(slot) == backend.reprefill_after:
-                        kv.rewind(slot, 0)
-                        self._prefill(r, r.prompt_ids + r.token_ids, events)
-                        if r.slot is None:
-                            del active[slot]
+            self.reprefill(active, events)
             clock.prefill += time.perf_counter() - started
             if active:
-                self._decode(active, events, clock)
+                self.decode(active, events, clock)
             yield from events
 
-    def _prefill(self, r: RequestState, ids: list[int], events: list[Event]) -> None:
-        logits = self.backend.step(r.slot, np.asarray(ids, np.int64)[None, :])  # [1, vocab]
-        self.backend.kv.advance(r.slot, len(ids))
-        sample = self.sampler(logits, [r.sampling])
-        self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
+    # --- the step functions -----------------------------------------------------------------
 
-    def _decode(self, active: dict[int, RequestState], events: list[Event], clock: _Clock) -> None:
+    def admit(self, r: RequestState) -> None:
+        """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot)."""
+        r.slot = self.backend.kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens)
+
+    def prefill_remaining(self, r: RequestState) -> int:
+        """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
+        return 0 if r.token_ids else len(r.prompt_ids) - self.backend.kv.length(r.slot)
+
+    def prefill(self, r: RequestState, events: list[Event], max_tokens: int | None = None) -> int:
+        """Write the next tokens of r's context into its slot at the slot's length: all of them, or at
+        most max_tokens (chunked prefill). After the last one, r's next token is sampled. The context
+        is the prompt, plus the generated tokens when a longrope re-prefill starts over at 0.
+        Returns the number of tokens written."""
+        kv = self.backend.kv
+        context = r.prompt_ids + r.token_ids
+        start = kv.length(r.slot)
+        end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
+        logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
+        kv.advance(r.slot, end - start)
+        if end == len(context):  # earlier chunks' logits predict prompt tokens we already have
+            sample = self.sampler(logits, [r.sampling])
+            self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
+        return end - start
+
+    def reprefill(self, active: dict[int, RequestState], events: list[Event]) -> None:
+        """longrope: a sequence reaching the switch length is recomputed with the long factors."""
+        kv = self.backend.kv
+        if self.backend.reprefill_after is None:
+            return
+        for slot, r in list(active.items()):
+            if kv.length(slot) == self.backend.reprefill_after:
+                kv.rewind(slot, 0)
+                self.prefill(r, events)
+                if r.slot is None:
+                    del active[slot]
+
+    def decode(self, active: dict[int, RequestState], events: list[Event], clock: _Clock | None = None) -> None:
+        """One engine call feeding every active request its last token; finished ones leave `active`.
+        Slots in [0, highest active + 1) that are not active ride along (free, or mid-way through a
+        chunked prefill): each writes one junk entry at its own length, which that slot's next
+        prefill overwrites first, and its logits are dropped."""
         started = time.perf_counter()
         execute_before = self.backend.execute_seconds
         slots = sorted(active)
         hi = slots[-1] + 1
         logits = self.backend.step(0, self._next_ids[:hi])  # [hi, vocab]
-        if len(slots) < hi:  # free rows rode along: drop their logits
+        if len(slots) < hi:  # rows that rode along: drop their logits
             logits = logits[slots]
         requests = [active[s] for s in slots]
         sample = self.sampler(logits, [r.sampling for r in requests])
@@ -215,10 +267,11 @@ class Generator:
             self._accept(r, int(token), lp, events)
             if r.slot is None:
                 del active[slot]
-        clock.decode += time.perf_counter() - started
-        clock.execute += self.backend.execute_seconds - execute_before
-        clock.decode_tokens += len(requests)
-        clock.decode_steps += 1
+        if clock is not None:
+            clock.decode += time.perf_counter() - started
+            clock.execute += self.backend.execute_seconds - execute_before
+            clock.decode_tokens += len(requests)
+            clock.decode_steps += 1
 
     def _accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
         r.token_ids.append(token)
@@ -228,13 +281,13 @@ class Generator:
         out = r.stop.step(token)
         if out.finished:
             r.finish_reason, r.stop_reason, r.text = out.finish_reason, out.stop_reason, r.stop.text
-            self._release(r)
+            self.release(r)
         else:
             self._next_ids[r.slot, 0] = token
-        if out.text or out.finished:
-            events.append(Event(r.index, out.text, out.finished))
+        events.append(Event(r.index, out.text, out.finished, token, logprobs))
 
-    def _release(self, r: RequestState) -> None:
+    def release(self, r: RequestState) -> None:
+        """Give r's slot back (finished, cancelled or failed): its cache rows return to zeros."""
         self._next_ids[r.slot, 0] = 0  # an idle row feeds token 0 at length 0
         self.backend.release(r.slot)
         r.slot = None

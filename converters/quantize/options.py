@@ -1,0 +1,89 @@
+"""What `trtbuild convert --quant ...` was asked for, checked before any expensive work."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_builder.config import ModelConfig
+from engine_builder.errors import InputError
+
+SCHEMES = ("none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8")
+# schemes whose scales come from activation statistics of calibration text
+CALIBRATED = ("int4_awq", "w8a8_sq", "fp8")
+INT4 = ("int4_wo", "int4_awq")
+WEIGHT_BITS = {"int8_wo": 8, "w8a8_sq": 8, "int4_wo": 4, "int4_awq": 4}  # fp8: the dtype says it
+GROUP_SIZES = (32, 64, 128)
+KV_CACHE = ("none", "int8", "fp8")
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    scheme: str = "none"
+    group_size: int = 128  # input channels per scale, int4 schemes only
+    kv_cache: str = "none"
+    calib: Path | None = None  # None: the shipped calibration text
+    # None: calibrate.DEFAULT_SAMPLES / DEFAULT_SEQ_LEN (not imported here: it loads onnxruntime)
+    calib_samples: int | None = None
+    calib_seq_len: int | None = None
+    exclude: tuple[str, ...] = ()  # fnmatch patterns over linear prefixes kept in full precision
+
+    @property
+    def calibrated(self) -> bool:
+        return self.scheme in CALIBRATED
+
+    def validate(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise InputError(f"--quant {self.scheme!r} is not a scheme; choose one of {', '.join(SCHEMES)}")
+        if self.group_size not in GROUP_SIZES:
+            raise InputError(f"--group-size {self.group_size} is not supported; choose one of "
+                             f"{', '.join(map(str, GROUP_SIZES))}")
+        if self.kv_cache not in KV_CACHE:
+            raise InputError(f"--kv-cache {self.kv_cache!r} is not supported; choose one of {', '.join(KV_CACHE)}")
+        if self.calib is not None and not self.calibrated:
+            raise InputError(f"--calib only feeds the calibrated schemes ({', '.join(CALIBRATED)}); "
+                             f"--quant {self.scheme} uses no calibration, so drop --calib")
+        if any(n is not None and n <= 0 for n in (self.calib_samples, self.calib_seq_len)):
+            raise InputError(f"--calib-samples and --calib-seq-len must be positive, got {self.calib_samples} "
+                             f"and {self.calib_seq_len}")
+        if self.scheme == "none" and self.exclude:
+            raise InputError("--exclude picks linears to keep in full precision; it needs a --quant scheme")
+
+
+def linear_prefixes(model: ModelConfig) -> tuple[str, ...]:
+    """Every linear a scheme may quantize, by canonical prefix (FORMAT.md), in checkpoint order.
+
+    lm_head is listed for tied models too: quantized, it gets its own tensors beside embed.weight."""
+    per_layer = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+    return (*(f"layers.{i}.{p}" for i in range(model.num_layers) for p in per_layer), "lm_head")
+
+
+def split_excluded(linears: tuple[str, ...], patterns: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(quantized, excluded) prefixes; a pattern that matches no linear is a typo, so it is an error."""
+    for pattern in patterns:
+        if not fnmatch.filter(linears, pattern):
+            raise InputError(f"--exclude {pattern!r} matches no linear; linears are named like "
+                             f"{linears[0]}, {linears[1]}, layers.*.mlp.down, lm_head")
+    excluded = tuple(p for p in linears if any(fnmatch.fnmatchcase(p, pat) for pat in patterns))
+    return tuple(p for p in linears if p not in excluded), excluded
+
+
+def in_features(model: ModelConfig, prefix: str) -> int:
+    if prefix.endswith("attn.o"):
+        return model.q_dim
+    return model.intermediate_size if prefix.endswith("mlp.down") else model.hidden_size
+
+
+def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(quantized, excluded) linear prefixes of MODEL under OPTIONS, the group size checked against each."""
+    quantized, excluded = split_excluded(linear_prefixes(model), options.exclude)
+    if options.scheme in INT4:
+        sizes = {p: in_features(model, p) for p in quantized}
+        if bad := next((p for p, n in sizes.items() if n % options.group_size), None):
+            fits = [g for g in GROUP_SIZES if all(n % g == 0 for n in sizes.values())]
+            hint = (f"use --group-size {' or '.join(map(str, fits[::-1]))} for this model" if fits else
+                    "no supported group size divides them all; use --quant int8_wo, or --exclude the linears")
+            raise InputError(f"--group-size {options.group_size} does not divide {bad}'s {sizes[bad]} input "
+                             f"channels; {hint}")
+    return quantized, excluded

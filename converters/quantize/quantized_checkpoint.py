@@ -1,0 +1,165 @@
+"""quantize_checkpoint: a float checkpoint dir -> a quantized checkpoint dir (FORMAT.md), a tensor at a time.
+
+The float checkpoint is read with plain file I/O, one tensor at a time, and the quantized one
+is streamed with StreamingSafetensorsWriter, so outside calibration memory stays at a few
+tensors. Tensors that neither quantization nor folding changes are copied file to file.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ml_dtypes
+import numpy as np
+
+from converters.quantize.calibrated_scales import channel_scales, input_scales
+from converters.quantize.folding import Folding
+from converters.quantize.linear_quant import Layout, linear_layout, quantize_linear
+from converters.quantize.options import INT4, WEIGHT_BITS, QuantOptions, select_linears
+from converters.safetensors_writer import StreamingSafetensorsWriter
+from converters.sources import safetensors_header
+from engine_builder import __version__
+from engine_builder.config import CalibrationInfo, CheckpointConfig, Quantization
+from engine_builder.errors import InputError
+
+if TYPE_CHECKING:
+    from converters.quantize.calibration_text import CalibrationText
+
+WEIGHTS_FILE = "rank0.safetensors"
+# progress(stage, done, total): "calibrating" counts windows of text, "quantizing" bytes of the float checkpoint
+Progress = Callable[[str, int, int], None]
+
+_ST_NUMPY = {"F32": np.float32, "F16": np.float16}
+FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    scheme: str
+    quantized: tuple[str, ...]
+    excluded: tuple[str, ...]
+    tensors: int
+    bytes: int  # of the tensors in rank0.safetensors
+    calibration: CalibrationInfo | None
+    calibration_seconds: float
+
+
+class FloatTensors:
+    """The tensors of a float rank0.safetensors, read one at a time without mapping the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        header_len, header = safetensors_header(path)
+        self.meta = {name: (m["dtype"], tuple(m["shape"]), 8 + header_len + m["data_offsets"][0],
+                            m["data_offsets"][1] - m["data_offsets"][0])
+                     for name, m in header.items() if name != "__metadata__"}
+        self.meta = dict(sorted(self.meta.items(), key=lambda item: item[1][2]))  # file order
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.meta[name][1]
+
+    def range(self, name: str) -> tuple[Path, int, int]:
+        _, _, offset, nbytes = self.meta[name]
+        return self.path, offset, nbytes
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32."""
+        dtype, shape, offset, nbytes = self.meta[name]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            data = f.read(nbytes)
+        if dtype == "BF16":  # bfloat16 is the top half of a float32
+            return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        # read-only and, for F32, the file's bytes themselves: folding and quantizing make their own arrays
+        return np.frombuffer(data, _ST_NUMPY[dtype]).astype(np.float32, copy=False).reshape(shape)
+
+
+def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions, progress: Progress | None = None,
+                        text: CalibrationText | None = None) -> QuantizeResult:
+    """Write the OPTIONS.scheme checkpoint of float checkpoint FP_CKPT_DIR into the existing dir OUT_DIR.
+
+    `text` is the calibration text when the caller has loaded it already (else options.calib)."""
+    options.validate()
+    if options.scheme == "none":
+        raise InputError("quantize_checkpoint needs a scheme; --quant none keeps the float checkpoint as it is")
+    fp_ckpt_dir, out_dir = Path(fp_ckpt_dir), Path(out_dir)
+    cfg = CheckpointConfig.load(fp_ckpt_dir)
+    if cfg.quantization.scheme != "none":
+        raise InputError(f"{fp_ckpt_dir} is already quantized ({cfg.quantization.scheme}); quantize the float "
+                         f"checkpoint, or convert the source again with --quant")
+    model = cfg.model
+    tensors = FloatTensors(fp_ckpt_dir / WEIGHTS_FILE)
+    quantized, excluded = select_linears(model, options)
+    shapes = {p: tensors.shape(_weight_of(p, model.tie_word_embeddings)) for p in quantized}  # [out, in]
+
+    calibration, calib_seconds, calib = None, 0.0, None
+    if options.calibrated:
+        from converters.quantize import calibrate, calibration_text
+
+        started = time.perf_counter()
+        calib = calibrate.collect(
+            fp_ckpt_dir, text or calibration_text.load(options.calib),
+            options.calib_samples or calibrate.DEFAULT_SAMPLES, options.calib_seq_len or calibrate.DEFAULT_SEQ_LEN,
+            progress=(lambda done, total: progress("calibrating", done, total)) if progress else None)
+        calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
+    scales = channel_scales(options.scheme, model, quantized, tensors.read, calib, options.group_size)
+    folding = Folding(model, scales)
+    activation_scales = input_scales(options.scheme, quantized, calib, scales)
+
+    # the source tensor of each output tensor, in file order; a tied lm_head comes from embed.weight, last
+    plan: list[tuple[str, str]] = [(name, name) for name in tensors.meta]
+    if model.tie_word_embeddings and "lm_head" in quantized:
+        plan.append(("lm_head.weight", "embed.weight"))
+    layout: Layout = []
+    for out_name, src in plan:
+        prefix = out_name.removesuffix(".weight")
+        if prefix in quantized:
+            layout += linear_layout(prefix, *shapes[prefix], options.scheme, cfg.dtype, options.group_size)
+        else:
+            layout.append((out_name, cfg.dtype, tensors.shape(src)))
+
+    total = sum(tensors.meta[src][3] for _, src in plan)
+    with StreamingSafetensorsWriter(out_dir / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
+        for out_name, src in plan:
+            prefix = out_name.removesuffix(".weight")
+            if prefix in quantized:
+                w = tensors.read(src)  # [out, in] f32
+                w = folding.apply(src, w) if folding.touches(src) else w
+                arrays = quantize_linear(w, options.scheme, options.group_size, activation_scales.get(prefix))
+                parts = linear_layout(prefix, *w.shape, options.scheme, cfg.dtype, options.group_size)
+                for (name, dtype, _), array in zip(parts, arrays):
+                    writer.append(name, _stored(array, dtype))
+            elif folding.touches(src):
+                writer.append(out_name, _stored(folding.apply(src, tensors.read(src)), cfg.dtype))
+            else:
+                writer.append_range(out_name, *tensors.range(src))
+            if progress:
+                progress("quantizing", tensors.meta[src][3], total)
+
+    for extra in sorted(fp_ckpt_dir.iterdir()):  # tokenizer and generation config files
+        if extra.is_file() and extra.name not in ("config.json", WEIGHTS_FILE):
+            shutil.copy2(extra, out_dir / extra.name)
+    block = Quantization(
+        scheme=options.scheme, weight_bits=WEIGHT_BITS.get(options.scheme),
+        group_size=options.group_size if options.scheme in INT4 else None,
+        activation={"w8a8_sq": "int8", "fp8": "fp8"}.get(options.scheme, "none"), kv_cache=options.kv_cache,
+        quantized=quantized, excluded=excluded, calibration=calibration)
+    config = replace(cfg, quantization=block, num_tensors=len(layout), trtbuild_version=__version__)
+    (out_dir / "config.json").write_text(config.to_json())
+    nbytes = (out_dir / WEIGHTS_FILE).stat().st_size - 8 - safetensors_header(out_dir / WEIGHTS_FILE)[0]
+    return QuantizeResult(options.scheme, quantized, excluded, len(layout), nbytes, calibration, calib_seconds)
+
+
+def _weight_of(prefix: str, tied: bool) -> str:
+    """The float tensor that holds linear `prefix`'s weight: a tied lm_head is the embedding table."""
+    return "embed.weight" if prefix == "lm_head" and tied else f"{prefix}.weight"
+
+
+def _stored(array: np.ndarray, dtype: str) -> np.ndarray:
+    """`array` as stored: floats cast to `dtype`, integer codes (and fp8 bytes) as they are."""
+    return np.asarray(array).astype(FLOAT_DTYPES[dtype], copy=False) if dtype in FLOAT_DTYPES else array

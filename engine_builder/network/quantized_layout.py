@@ -1,0 +1,69 @@
+"""Where a quantized linear's tensors are in rank0.safetensors and how the graph reads their bytes.
+
+The table of converters/quantize/FORMAT.md, per linear: the stored dtype and shape of each tensor
+(checked before the graph is emitted) and, for packed int4, the ONNX INT4/UINT4 view of the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from engine_builder.config import Quantization
+from engine_builder.errors import InputError, UnsupportedError
+
+F32 = ir.DataType.FLOAT
+FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+@dataclass(frozen=True)
+class StoredLayout:
+    """One tensor of a quantized linear as FORMAT.md stores it, and how the graph reads it."""
+
+    stored: tuple[ir.DataType, ...]  # accepted safetensors dtypes (scales: any float type)
+    shape: tuple[int, ...]  # as stored
+    view: ir.DataType | None = None  # the graph's view of the bytes (INT4 for packed U8); None = as stored
+    view_shape: tuple[int, ...] | None = None
+
+
+def weight_kind(q: Quantization) -> str:
+    """'int8' (per channel), 'int4' (blocked) or 'fp8' (per tensor): what the stored weight is."""
+    if q.scheme == "fp8":
+        return "fp8"
+    if q.weight_bits in (4, 8):
+        return f"int{q.weight_bits}"
+    raise UnsupportedError(f"quantization scheme {q.scheme!r} with weight_bits {q.weight_bits} has no graph "
+                           f"form; re-run `trtbuild convert --quant` with int8_wo, int4_wo, int4_awq, w8a8_sq or fp8")
+
+
+def quantized_layout(q: Quantization, prefix: str, out: int, inp: int) -> dict[str, StoredLayout]:
+    """Tensor name -> layout of linear PREFIX with a float weight of shape [out, in] (FORMAT.md's table)."""
+    kind = weight_kind(q)
+    layout: dict[str, StoredLayout] = {}
+    if kind == "fp8":
+        layout[".weight"] = StoredLayout((ir.DataType.FLOAT8E4M3FN,), (out, inp))
+        layout[".weight_scale"] = StoredLayout((F32,), ())
+    elif kind == "int8":
+        layout[".weight"] = StoredLayout((ir.DataType.INT8,), (out, inp))
+        layout[".weight_scale"] = StoredLayout(FLOATS, (out,))
+    else:
+        g = q.group_size
+        if not g or inp % g:
+            raise InputError(f"{prefix}: group_size {g} does not divide its {inp} input channels; re-run "
+                             f"`trtbuild convert --quant` with a --group-size that divides it")
+        blocks = inp // g
+        packed = ir.DataType.UINT4 if q.zero_point else ir.DataType.INT4
+        layout[".weight"] = StoredLayout((ir.DataType.UINT8,), (out, inp // 2), packed, (out, inp))
+        layout[".weight_scale"] = StoredLayout(FLOATS, (out, blocks))
+        if q.zero_point:
+            if blocks % 2:
+                # the zeros are packed per row (FORMAT.md); an ONNX UINT4 tensor packs the whole
+                # matrix, so with an odd count per row the two only agree when it is even
+                raise UnsupportedError(f"{prefix}: {blocks} groups per row with zero points cannot be read as "
+                                       f"an ONNX uint4 tensor; convert the float model with --quant int4_awq")
+            layout[".weight_zero"] = StoredLayout((ir.DataType.UINT8,), (out, blocks // 2), ir.DataType.UINT4,
+                                                  (out, blocks))
+    if q.activation != "none":
+        layout[".input_scale"] = StoredLayout((F32,), ())
+    return {prefix + suffix: v for suffix, v in layout.items()}

@@ -1,0 +1,132 @@
+"""serve(): open an engine dir, start its Executor, and run the HTTP app on uvicorn until SIGINT/SIGTERM.
+
+Start-up checks everything a user can get wrong (port taken, limits above the engine's, a bad
+--max-batch) before the model loads where it can, so a typo fails in milliseconds.
+
+Shutdown, on SIGINT or SIGTERM (uvicorn's own sequence, then ours):
+  1. stop accepting connections; idle keep-alive connections are closed
+  2. in-flight requests run to their end, for at most shutdown_timeout seconds; then uvicorn
+     cancels their tasks, and each cancelled request cancels its executor request (EventStream /
+     ActiveRequest.close), which frees its KV slot
+  3. executor.shutdown (nothing is left to drain by then), the backend is closed, return
+uvicorn re-raises the signal it caught once it is done, so the process would die by it (exit 130
+or -15) after a clean shutdown; both signals are ignored while serve() runs instead, and the
+caller exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from engine_builder.errors import InputError
+from engine_builder.server.config import DEFAULT_MAX_CONCURRENT_REQUESTS, ServerConfig
+
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int | None = None,
+          max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS, max_input_tokens: int | None = None,
+          max_total_tokens: int | None = None, api_key: str | None = None, model_name: str | None = None,
+          backend: str = "auto", threads: int | None = None,
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+          on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None) -> None:
+    """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
+    connections; log(line) gets the start-up summary (backend, limits)."""
+    from engine_builder.executor import Executor, SchedulerConfig
+    from engine_builder.runner.backend import BACKENDS
+    from engine_builder.runner.engine_dir import EngineDir
+
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if shutdown_timeout < 0:
+        raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
+    engine = EngineDir.load(engine_dir)
+    name = model_name if model_name is not None else Path(engine_dir).resolve().name
+    config = ServerConfig.for_engine(engine.limits, name, max_input_tokens=max_input_tokens,
+                                     max_total_tokens=max_total_tokens,
+                                     max_concurrent_requests=max_concurrent_requests, api_key=api_key)
+    # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
+    scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
+    batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
+    sock = _bind(host, port)
+
+    from engine_builder.runner.llm import LLM
+    from engine_builder.server.app import create_app
+
+    with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads) as llm:
+        executor = Executor(llm, scheduler)
+        try:
+            if log is not None:
+                log(f"{name}: {llm.backend_name} ({llm.backend_reason}); max batch {batch}, max input tokens "
+                    f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
+                    f"requests {config.max_concurrent_requests}{', API key required' if api_key else ''}")
+            app = create_app(executor, config)
+            with _signals_ignored_after_uvicorn():
+                asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
+        finally:
+            executor.shutdown(drain=False)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now: a taken port is a one-line error before the model loads,
+    and port 0 picks a free one (the ready line then names it)."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in [0, 65535], got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InputError(f"cannot resolve --host {host!r} ({exc.strerror}); give an IP address such as "
+                         "127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart at once after a stop (TIME_WAIT)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port "
+                         "(0 = any free port) or stop what uses it") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float,
+                       on_ready: Callable[[str], None]) -> None:
+    import uvicorn
+
+    # lifespan off: the executor's life is serve()'s; access log off: a line per token-stream
+    # request costs more than it tells on a busy server (/metrics counts them)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=shutdown_timeout)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        on_ready(url_of(sock))
+        sys.stdout.flush()
+    await task
+
+
+@contextlib.contextmanager
+def _signals_ignored_after_uvicorn() -> Iterator[None]:
+    """uvicorn installs its own handlers while it serves and, once done, re-raises the caught signal
+    under the handlers it found; SIG_IGN there turns that into a no-op, so a clean shutdown exits 0."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,213 @@
+"""OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions (each streaming or not),
+GET /v1/models.
+
+Defaults a request leaves out, decided on purpose:
+  temperature, top_p, top_k ... the model's generation_config.json (LLM.default_params), as vLLM
+      does by default and as `trtbuild run` does; not OpenAI's temperature 1.0. SmolLM2 has no
+      do_sample there, so it decodes greedily unless the request sets a temperature.
+  max_tokens  /v1/completions: 16 (OpenAI's documented default); /v1/chat/completions: all the room
+      max_total_tokens leaves after the prompt (as OpenAI and vLLM do for chat).
+Chat messages go through the tokenizer's chat template (the "developer" role, OpenAI's new name
+for "system", is passed on as "system", which every template knows).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from engine_builder.runner.sampler import TokenLogprobs
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.server.errors import GENERATION, MODEL_NOT_FOUND, VALIDATION, ApiError, error_body
+from engine_builder.server.generation import (
+    ActiveRequest,
+    EventStream,
+    ServerState,
+    admit,
+    encode_chat,
+    max_new_tokens,
+    server_state,
+    sse,
+)
+from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+router = APIRouter(prefix="/v1", tags=["OpenAI"])
+
+
+def _check_request(state: ServerState, body: SamplingFields) -> None:
+    if body.model is not None and body.model != state.config.model_name:
+        raise ApiError(MODEL_NOT_FOUND, f"model {body.model!r} does not exist on this server; it serves "
+                                        f"{state.config.model_name!r} (see GET /v1/models)")
+    if body.n != 1:
+        raise ApiError(VALIDATION, f"n must be 1 on this server, got {body.n}; send one request per choice")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(VALIDATION, "stream_options is only allowed with stream: true")
+
+
+def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return state.executor.llm.default_params(
+        max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=stop or None, logprobs=logprobs)
+
+
+def _envelope(kind: str, model: str) -> Callable[..., dict[str, Any]]:
+    """Response objects of one request: the same id and created on every chunk."""
+    rid, created = f"{'chatcmpl' if 'chat' in kind else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+
+    def make(**fields: Any) -> dict[str, Any]:
+        return {"id": rid, "object": kind, "created": created, "model": model, **fields}
+
+    return make
+
+
+def _usage(active: ActiveRequest) -> dict[str, int]:
+    prompt, completion = active.prompt_tokens, active.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream(active: ActiveRequest, body: SamplingFields, make: Callable[..., dict[str, Any]],
+            choice: Callable[[str, TokenLogprobs | None, str | None], dict[str, Any]],
+            first: dict[str, Any] | None = None) -> EventStream:
+    """SSE chunks: one per token event, finish_reason on the last; then usage if asked; then [DONE]."""
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+
+    async def chunks() -> AsyncIterator[str]:
+        if first is not None:
+            yield sse(make(choices=[first], **extra))
+        async for event in active.events():
+            if event.token_id is None:  # cancelled or failed
+                message = event.error or "the request was cancelled (the server is shutting down)"
+                yield sse(error_body(True, GENERATION, f"generation failed: {message}"))
+                yield sse("[DONE]")
+                return
+            yield sse(make(choices=[choice(event.text, event.logprob, event.finish_reason)], **extra))
+        if include_usage:
+            yield sse(make(choices=[], usage=_usage(active)))
+        yield sse("[DONE]")
+
+    return EventStream(chunks(), on_close=active.close)
+
+
+# --- /v1/completions ------------------------------------------------------------------------------
+
+def _completion_prompt(state: ServerState, prompt: str | list[str] | list[int]) -> tuple[str | None, list[int]]:
+    if isinstance(prompt, str):
+        return prompt, state.executor.llm.encode(prompt)
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return None, list(prompt)
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0], state.executor.llm.encode(prompt[0])
+    raise ApiError(VALIDATION, "prompt must be one prompt: a string, a list of one string, or a list of token ids; "
+                               "send one request per prompt")
+
+
+class _CompletionLogprobs:
+    """OpenAI's legacy completions logprobs: parallel lists, text_offset into the returned text."""
+
+    def __init__(self, state: ServerState, offset: int) -> None:
+        self._state, self._offset = state, offset
+
+    def __call__(self, lps: list[TokenLogprobs]) -> dict[str, Any]:
+        texts = self._state.token_texts
+        tokens, offsets = [], []
+        for lp in lps:
+            tokens.append(texts(lp.token_id))
+            offsets.append(self._offset)
+            self._offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+                "top_logprobs": [{texts(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+
+
+@router.post("/completions", summary="Text completion (OpenAI)")
+async def completions(request: Request, body: CompletionRequest, state: ServerState = Depends(server_state)) -> Any:
+    _check_request(state, body)
+    text, ids = _completion_prompt(state, body.prompt)
+    new_tokens = max_new_tokens(state, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens")
+    active = admit(state, ids, _sampling(state, body, new_tokens, body.logprobs), "max_tokens")
+    make = _envelope("text_completion", state.config.model_name)
+    echo = (text if text is not None else state.executor.llm.tokenizer.decode(ids)) if body.echo else ""
+    logprobs = _CompletionLogprobs(state, len(echo)) if body.logprobs is not None else None
+
+    def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": delta, "logprobs": logprobs([lp]) if logprobs and lp else None,
+                "finish_reason": finish_reason}
+
+    if body.stream:
+        first = {"index": 0, "text": echo, "logprobs": None, "finish_reason": None} if echo else None
+        return _stream(active, body, make, choice, first)
+    out = await active.output(request)
+    return make(choices=[{"index": 0, "text": echo + out.text,
+                          "logprobs": logprobs(list(out.logprobs)) if logprobs and out.logprobs else None,
+                          "finish_reason": out.finish_reason}], usage=_usage(active))
+
+
+# --- /v1/chat/completions -------------------------------------------------------------------------
+
+def _chat_logprobs(state: ServerState, lps: list[TokenLogprobs]) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = state.token_texts(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in lps], "refusal": None}
+
+
+@router.post("/chat/completions", summary="Chat completion (OpenAI)")
+async def chat_completions(request: Request, body: ChatCompletionRequest,
+                           state: ServerState = Depends(server_state)) -> Any:
+    _check_request(state, body)
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise ApiError(VALIDATION, "give max_completion_tokens or max_tokens, not both")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(VALIDATION, "top_logprobs needs logprobs: true")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    ids = encode_chat(state, messages)
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    new_tokens = max_new_tokens(state, len(ids), requested, None, field)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    active = admit(state, ids, _sampling(state, body, new_tokens, logprobs), field)
+    if body.stream:
+        make = _envelope("chat.completion.chunk", state.config.model_name)
+
+        def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "delta": {"content": delta} if delta else {},
+                    "logprobs": _chat_logprobs(state, [lp]) if lp else None, "finish_reason": finish_reason}
+
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return _stream(active, body, make, choice, first)
+    out = await active.output(request)
+    make = _envelope("chat.completion", state.config.model_name)
+    message = {"role": "assistant", "content": out.text, "refusal": None}
+    return make(choices=[{"index": 0, "message": message,
+                          "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
+                          "finish_reason": out.finish_reason}], usage=_usage(active))
+
+
+# --- /v1/models -----------------------------------------------------------------------------------
+
+def _model_card(state: ServerState, request: Request) -> dict[str, Any]:
+    return {"id": state.config.model_name, "object": "model", "created": request.app.state.started,
+            "owned_by": "trtbuild", "max_model_len": state.config.max_total_tokens}
+
+
+@router.get("/models", summary="The model this server serves (OpenAI)")
+async def models(request: Request, state: ServerState = Depends(server_state)) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(state, request)]}
+
+
+@router.get("/models/{model}", summary="One model (OpenAI)")
+async def model(model: str, request: Request, state: ServerState = Depends(server_state)) -> dict[str, Any]:
+    if model != state.config.model_name:
+        raise ApiError(MODEL_NOT_FOUND, f"model {model!r} does not exist on this server; it serves "
+                                        f"{state.config.model_name!r}")
+    return _model_card(state, request)

@@ -1,0 +1,185 @@
+"""Text Generation Inference (TGI) routes: POST /generate, /generate_stream, and / (which
+huggingface_hub.InferenceClient(base_url).text_generation posts to, with "stream" in the body).
+
+Sampling follows TGI, not the model's generation_config: greedy unless do_sample is true or a
+warper is set (temperature != 1, top_k > 0, top_p < 1); a sampled request without a seed gets a
+random one, reported in details.seed so it can be replayed. max_new_tokens defaults to 100 (TGI's
+router default), less when max_total_tokens leaves less room. temperature 0 means greedy (TGI
+refuses it; accepting it costs nothing).
+
+One deliberate difference from TGI: a streamed token's `text` is the text that token adds to
+generated_text (an EOS token adds ""), so concatenating the streamed texts always gives
+generated_text; TGI sends the special token's own text ("</s>") there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine_builder.runner.llm import RequestOutput
+from engine_builder.runner.sampler import TokenLogprobs
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.server.errors import GENERATION, VALIDATION, ApiError, error_body
+from engine_builder.server.generation import (
+    ActiveRequest,
+    EventStream,
+    ServerState,
+    admit,
+    max_new_tokens,
+    server_state,
+    sse,
+)
+
+TGI_DEFAULT_MAX_NEW_TOKENS = 100
+
+router = APIRouter(tags=["TGI"])
+
+
+class TgiParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    details: bool = False
+    do_sample: bool = False
+    return_full_text: bool | None = None
+    top_n_tokens: int | None = None
+    truncate: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
+    decoder_input_details: bool = False
+    # TGI features this server does not have: accepted in the schema, refused unless neutral
+    best_of: int | None = None
+    typical_p: float | None = None
+    watermark: bool = False
+    grammar: dict[str, Any] | None = None
+    adapter_id: str | None = None
+
+
+class TgiRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: str
+    parameters: TgiParameters = Field(default_factory=TgiParameters)
+    stream: bool = False  # only read by POST /
+
+
+def _refuse_unsupported(p: TgiParameters) -> None:
+    unsupported = {"best_of": p.best_of not in (None, 1), "typical_p": p.typical_p not in (None, 1.0),
+                   "watermark": p.watermark, "grammar": p.grammar is not None, "adapter_id": p.adapter_id is not None,
+                   "decoder_input_details": p.decoder_input_details}
+    names = [k for k, v in unsupported.items() if v]
+    if names:
+        raise ApiError(VALIDATION, f"parameters {', '.join(names)} are not supported by this server; leave them out")
+
+
+def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: bool) -> SamplingParams:
+    sample = p.do_sample or p.temperature not in (None, 1.0) or (p.top_k or 0) > 0 or p.top_p not in (None, 1.0)
+    seed = p.seed if p.seed is not None or not sample else random.getrandbits(63)
+    want_logprobs = p.details or stream or p.top_n_tokens  # a streamed token always carries its logprob
+    return state.executor.llm.default_params(
+        max_new_tokens=max_new_tokens(state, prompt_len, p.max_new_tokens, TGI_DEFAULT_MAX_NEW_TOKENS,
+                                      "max_new_tokens"),
+        temperature=(1.0 if p.temperature is None else p.temperature) if sample else 0.0,
+        top_k=p.top_k or 0, top_p=1.0 if p.top_p is None else p.top_p,  # TGI's neutral values, not the model's
+        repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty, seed=seed,
+        stop=tuple(p.stop), logprobs=(p.top_n_tokens or 0) if want_logprobs else None)
+
+
+def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
+    p = body.parameters
+    _refuse_unsupported(p)
+    ids = state.executor.llm.encode(body.inputs)
+    if p.truncate is not None:
+        ids = ids[-p.truncate:]
+    params = _sampling(state, p, len(ids), stream)
+    return admit(state, ids, params, "max_new_tokens")
+
+
+def _token(state: ServerState, token_id: int, logprob: float | None, text: str | None = None) -> dict[str, Any]:
+    return {"id": token_id, "text": state.token_texts(token_id) if text is None else text,
+            "logprob": logprob, "special": token_id in state.token_texts.special_ids}
+
+
+def _top_tokens(state: ServerState, lp: TokenLogprobs | None) -> list[dict[str, Any]]:
+    return [_token(state, t, v) for t, v in lp.top] if lp is not None else []
+
+
+def _finish_reason(out: RequestOutput) -> str:
+    if out.finish_reason == "length":
+        return "length"
+    return "stop_sequence" if isinstance(out.stop_reason, str) else "eos_token"
+
+
+def _generated_text(body: TgiRequest, text: str) -> str:
+    return body.inputs + text if body.parameters.return_full_text else text
+
+
+async def _generate(request: Request, body: TgiRequest, state: ServerState) -> dict[str, Any]:
+    active = _start(state, body, stream=False)
+    out = await active.output(request)
+    result: dict[str, Any] = {"generated_text": _generated_text(body, out.text)}
+    p = body.parameters
+    if p.details:
+        lps = out.logprobs or (None,) * len(out.token_ids)
+        details: dict[str, Any] = {
+            "finish_reason": _finish_reason(out), "generated_tokens": len(out.token_ids),
+            "seed": active.handle.params.seed, "prefill": [],
+            "tokens": [_token(state, t, lp.logprob if lp else None) for t, lp in zip(out.token_ids, lps)]}
+        if p.top_n_tokens:
+            details["top_tokens"] = [_top_tokens(state, lp) for lp in lps]
+        result["details"] = details
+    return result
+
+
+def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
+    active = _start(state, body, stream=True)
+
+    async def events() -> AsyncIterator[str]:
+        index = 0
+        async for event in active.events():
+            if event.token_id is None:  # cancelled or failed: TGI's error event ends the stream
+                message = event.error or "the request was cancelled (the server is shutting down)"
+                yield sse(error_body(False, GENERATION, f"generation failed: {message}"))
+                return
+            index += 1
+            lp = event.logprob
+            chunk: dict[str, Any] = {
+                "index": index, "token": _token(state, event.token_id, lp.logprob if lp else None, event.text),
+                "top_tokens": _top_tokens(state, lp) if body.parameters.top_n_tokens else None,
+                "generated_text": None, "details": None}
+            if event.finished:
+                out = active.handle.result()
+                chunk["generated_text"] = _generated_text(body, out.text)
+                chunk["details"] = {"finish_reason": _finish_reason(out), "generated_tokens": len(out.token_ids),
+                                    "seed": active.handle.params.seed, "input_length": active.prompt_tokens}
+            yield sse(chunk)
+
+    return EventStream(events(), on_close=active.close)
+
+
+@router.post("/generate", summary="Generate text (TGI)")
+async def generate(request: Request, body: TgiRequest, state: ServerState = Depends(server_state)) -> dict[str, Any]:
+    return await _generate(request, body, state)
+
+
+@router.post("/generate_stream", summary="Generate text, streamed as server-sent events (TGI)")
+async def generate_stream(body: TgiRequest, state: ServerState = Depends(server_state)) -> EventStream:
+    return _generate_stream(body, state)
+
+
+@router.post("/", summary="TGI's compat route: /generate or /generate_stream, by the body's `stream`")
+async def compat_generate(request: Request, body: TgiRequest,
+                          state: ServerState = Depends(server_state)) -> Any:
+    if body.stream:
+        return _generate_stream(body, state)
+    return await _generate(request, body, state)

@@ -1,0 +1,53 @@
+"""`trtbuild serve` start-up errors: one line on stderr, exit 2, before the model is loaded."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def serve(*args):
+    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "serve", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (("--max-input-tokens", "100000"), ("--max-input-tokens 100000", "max_input_len", "128")),
+    (("--max-total-tokens", "100000"), ("--max-total-tokens 100000", "max_seq_len", "256")),
+    (("--max-input-tokens", "64", "--max-total-tokens", "64"), ("above --max-input-tokens 64",)),
+    (("--max-batch", "99"), ("max_batch 99", "4 or less")),
+    (("--max-concurrent-requests", "0"), ("--max-concurrent-requests must be >= 1",)),
+    (("--backend", "cuda"), ("backend 'cuda'",)),
+    (("--api-key", " "), ("--api-key is empty",)),
+    (("--port", "70000"), ("--port must be in [0, 65535]",)),
+])
+def test_bad_flags_fail_in_one_line(smollm2_engine, flags, needles):
+    r = serve(smollm2_engine, *flags)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+    for needle in needles:
+        assert needle in r.stderr
+
+
+def test_port_in_use_fails_in_one_line(smollm2_engine):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = serve(smollm2_engine, "--port", taken.getsockname()[1])
+    assert r.returncode == 2 and "cannot listen on 127.0.0.1" in r.stderr and "--port" in r.stderr
+
+
+def test_not_an_engine_dir_fails_in_one_line(tmp_path):
+    r = serve(tmp_path / "missing")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+
+
+def test_help_teaches_the_endpoints():
+    r = subprocess.run([sys.executable, "-m", "engine_builder.cli", "serve", "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0
+    for needle in ("/generate_stream", "/v1/chat/completions", "/metrics", "TRTBUILD_API_KEY", "curl"):
+        assert needle in r.stdout
