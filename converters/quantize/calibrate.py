@@ -29,7 +29,8 @@ from engine_builder.network import MODEL_FILE, NetworkOptions, build_decoder
 from engine_builder.network import graph_io as io
 from engine_builder.network.weights import link_weights
 
-# SmolLM2-135M (fp32) calibrates in ~45 s, peak RSS ~1 GB, on the 2-core CPU dev machine at these
+# at these SmolLM2-135M (fp32) calibrates in 31 s of CPU (45..80 s wall on the shared 2-core dev machine),
+# peak RSS ~1 GB
 DEFAULT_SAMPLES = 32
 DEFAULT_SEQ_LEN = 256
 # tokens kept per linear for the AWQ search; AutoAWQ's search sees a few thousand, 512 is enough

@@ -7,10 +7,11 @@ The table of converters/quantize/FORMAT.md, per linear: the stored dtype and sha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import onnx_ir as ir
 
-from engine_builder.config import Quantization
+from engine_builder.config import Quantization, QuantScheme
 from engine_builder.errors import InputError, UnsupportedError
 
 F32 = ir.DataType.FLOAT
@@ -25,6 +26,13 @@ class StoredLayout:
     shape: tuple[int, ...]  # as stored
     view: ir.DataType | None = None  # the graph's view of the bytes (INT4 for packed U8); None = as stored
     view_shape: tuple[int, ...] | None = None
+
+
+def check_scheme(q: Quantization) -> None:
+    schemes = get_args(QuantScheme)
+    if q.scheme not in schemes:
+        raise UnsupportedError(f"the checkpoint is quantized with scheme {q.scheme!r}, which this trtbuild does not "
+                               f"know ({', '.join(schemes)}); re-run `trtbuild convert --quant` with this version")
 
 
 def weight_kind(q: Quantization) -> str:

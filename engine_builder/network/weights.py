@@ -21,7 +21,7 @@ from converters.base import expected_shapes
 from engine_builder.config import ModelConfig, Quantization
 from engine_builder.errors import InputError, UnsupportedError
 from engine_builder.network.builder import GraphBuilder
-from engine_builder.network.quantized_layout import FLOATS, StoredLayout, quantized_layout
+from engine_builder.network.quantized_layout import FLOATS, StoredLayout, check_scheme, quantized_layout
 
 WEIGHTS_FILE = "rank0.safetensors"
 
@@ -81,6 +81,7 @@ class CheckpointWeights:
         self._check(cfg)
 
     def _check(self, cfg: ModelConfig) -> None:
+        check_scheme(self.quantization)
         shapes = {name: shape for name, (shape, _) in expected_shapes(cfg).items()}
         if cfg.tie_word_embeddings and "lm_head" in self.quantization.quantized:
             shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)  # FORMAT.md: stored beside embed

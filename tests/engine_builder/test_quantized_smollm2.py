@@ -56,8 +56,7 @@ def test_accuracy_level_4_costs_little_on_smollm2(smollm2_engine, int8_engines):
         kl = np.mean([np.sum(np.exp(log_softmax(b)) * (log_softmax(b) - log_softmax(a)))
                       for a, b in zip(logits, ref_logits)])
         figures[name] = (float(top1), float(kl))
-    print(figures)
-    # measured: level 0 top-1 97.9%, KL 0.0033; level 4 top-1 97.9%, KL 0.0060 (int8 weights are the
-    # main cost, int8 activations add about as much again)
-    assert figures["level0"][0] >= 0.95 and figures["level4"][0] >= 0.95
-    assert figures["level0"][1] <= 0.006 and figures["level4"][1] <= 0.01
+    # measured (48 steps): level 0 top-1 95.8%, KL 0.0031; level 4 top-1 95.8%, KL 0.0062. RTN int8
+    # weights with an int8 lm_head are the main cost; int8 activations add about as much KL again
+    assert figures["level0"][0] >= 0.93 and figures["level4"][0] >= 0.93, figures
+    assert figures["level0"][1] <= 0.005 and figures["level4"][1] <= 0.01, figures

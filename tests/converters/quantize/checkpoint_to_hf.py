@@ -101,6 +101,6 @@ def hf_model(hf_dir: Path, state: dict[str, torch.Tensor] | None = None,
 def fake_quant(x: torch.Tensor, scale: float, activation: str) -> torch.Tensor:
     """What Q/DQ of a static per-tensor scale does to x: int8 round and clip, or an e4m3 round trip."""
     if activation == "int8":
-        return torch.clamp(torch.round(x / scale), -127, 127) * scale
+        return torch.clamp(torch.round(x / scale), -128, 127) * scale  # int8 saturation, as QuantizeLinear
     e4m3 = np.clip(x.numpy() / scale, -fp8.E4M3_MAX, fp8.E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
     return torch.from_numpy(e4m3.astype(np.float32)) * scale

@@ -25,6 +25,7 @@ from engine_builder.errors import InputError
 
 VOCAB = 320
 SAMPLES, SEQ_LEN = 3, 24
+WORDS = 1000  # one token each
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def tiny_calibration(tiny_model_dir, tmp_path_factory):
             add_word_tokenizer(hf, VOCAB)
             convert(hf, root / "ckpt", dtype=dtype)
             # 30..99 only: the tokenizer's special "w0" / "w1" / "w2" would also match inside "w17", "w203"
-            words = np.random.default_rng(0).integers(30, 100, 200)
+            words = np.random.default_rng(0).integers(30, 100, WORDS)
             text = root / "words.txt"
             text.write_text(" ".join(f"w{i}" for i in words))
             made[arch, dtype] = hf, root / "ckpt", text
@@ -99,6 +100,17 @@ def test_statistics_match_hf_linear_inputs(tiny_calibration, arch):
     assert data.inputs["lm_head"].sample.shape == (SAMPLES * SEQ_LEN, 64)  # fewer tokens than SAMPLE_TOKENS: all
 
 
+def test_token_sample_spans_every_window(tiny_calibration):
+    """More tokens than SAMPLE_TOKENS: the kept tokens come from all windows, and are still HF's activations."""
+    hf, ckpt, text_file = tiny_calibration("llama")
+    text = calibration_text.load(text_file)
+    data = collect(ckpt, text, samples=4, seq_len=160)
+    assert data.inputs["layers.1.mlp.down"].sample.shape == (SAMPLE_TOKENS, 96)
+    assert set(sample_positions(4 * 160) // 160) == {0, 1, 2, 3}
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+    assert_statistics_match(data, hf_linear_inputs(model.eval(), calibration_text.windows(text, ckpt, 4, 160)))
+
+
 def test_half_precision_checkpoint_is_calibrated_in_float32(tiny_calibration):
     """A float16 checkpoint's weights are cast up in the graph: the taps sit behind that Cast, and the
     statistics are those of transformers running the float16-rounded weights in float32."""
@@ -112,15 +124,14 @@ def test_half_precision_checkpoint_is_calibrated_in_float32(tiny_calibration):
 
 def test_short_text_uses_the_windows_that_fit(tiny_calibration):
     _, ckpt, text_file = tiny_calibration("llama")
-    data = collect(ckpt, calibration_text.load(text_file), samples=50, seq_len=64)
-    assert (data.info.samples, data.info.seq_len) == (3, 64)  # 200 words: 3 windows of 64
-    assert data.inputs["layers.0.mlp.down"].sample.shape == (3 * 64, 96)  # fewer tokens than SAMPLE_TOKENS: all
+    data = collect(ckpt, calibration_text.load(text_file), samples=50, seq_len=128)
+    assert (data.info.samples, data.info.seq_len) == (7, 128)  # 1000 tokens: 7 windows of 128
 
 
 def test_text_shorter_than_one_window_is_an_input_error(tiny_calibration):
     _, ckpt, text_file = tiny_calibration("llama")
     with pytest.raises(InputError, match="fewer than one window.*shorter --calib-seq-len or a longer text"):
-        calibration_text.windows(calibration_text.load(text_file), ckpt, samples=4, seq_len=201)
+        calibration_text.windows(calibration_text.load(text_file), ckpt, samples=4, seq_len=WORDS + 1)
 
 
 def test_builtin_text_and_jsonl(tmp_path):
@@ -150,7 +161,6 @@ def test_bad_calibration_files_are_input_errors(tmp_path, name, content, message
 def test_smollm2_statistics_match_hf(smollm2_ckpt, hf_smollm2):
     """The real model, all 121 linears: 30 layers deep the tapped activations still agree with transformers'."""
     text = calibration_text.load(None)
-    data = collect(smollm2_ckpt, text, samples=2, seq_len=320)  # 640 tokens: more than SAMPLE_TOKENS
-    assert data.inputs["lm_head"].sample.shape == (SAMPLE_TOKENS, 576)
+    data = collect(smollm2_ckpt, text, samples=2, seq_len=64)  # transformers takes ~6 s per 100 tokens here
     model, _ = hf_smollm2
-    assert_statistics_match(data, hf_linear_inputs(model, calibration_text.windows(text, smollm2_ckpt, 2, 320)))
+    assert_statistics_match(data, hf_linear_inputs(model, calibration_text.windows(text, smollm2_ckpt, 2, 64)))
