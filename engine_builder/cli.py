@@ -197,7 +197,9 @@ def build(
     weights: Annotated[str | None, typer.Option(help="embedded (default), refittable, or stripped: the engine "
                                                      "omits the checkpoint's weights and is refitted at load "
                                                      "(needs a GPU at build time with TensorRT-RTX 1.7).")] = None,
-    recipe: Annotated[Path | None, typer.Option(help="YAML recipe with build settings (see recipes/).")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="YAML recipe with build settings (see recipes/). Its "
+                                                     "optional fidelity: block gates the build on `trtbuild eval` "
+                                                     "figures of the onnxruntime twin.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value, e.g. "
                                                    "limits.max_seq_len=4096 or passes.tensorrt=[...].")] = None,
     trt_flavour: Annotated[str | None, typer.Option(help="auto (tensorrt if installed, else tensorrt_rtx), "
