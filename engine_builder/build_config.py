@@ -97,6 +97,10 @@ class Fidelity:
     min_top1_agreement: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("reference", "text"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"fidelity.{name} must be a path (relative to the recipe), got {value!r}")
         for name in ("max_tokens", "context"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):

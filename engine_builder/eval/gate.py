@@ -10,7 +10,6 @@ go into the manifest's "fidelity" block.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,9 +58,9 @@ def fidelity_gate(fidelity: Fidelity, recipe_path: Path) -> Gate:
             value = figures[figure]
             # written as "not within" so a NaN figure (a broken engine) fails every bound
             if not (value <= bound if at_most else value >= bound):
-                shown = f"{value:.4g}" if math.isfinite(value) else str(value)
-                raise FidelityGateError(f"fidelity gate failed: {figure} {shown} {'>' if at_most else '<'} {bound:g} "
-                                        f"({key} in {recipe_path}); no engine dir was written")
+                sign = ">" if at_most else "<"
+                raise FidelityGateError(f"fidelity gate failed: {figure} {value:.4g} {sign} {bound:g} ({key} in "
+                                        f"{recipe_path}); no engine dir was written")
         return {**figures, "recipe": str(recipe_path), "bounds": bounds}
 
     return gate

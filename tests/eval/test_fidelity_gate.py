@@ -74,3 +74,5 @@ def test_gate_block_loads_from_yaml(tmp_path):
     assert load_recipe(recipe).fidelity == Fidelity(reference="../ckpt", min_top1_agreement=0.99)
     with pytest.raises(ConfigError, match="fidelity.max_tokens must be an integer >= 2"):
         Fidelity(max_tokens=1)
+    with pytest.raises(ConfigError, match="fidelity.reference must be a path"):
+        Fidelity(reference=5)  # type: ignore[arg-type]
