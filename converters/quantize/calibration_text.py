@@ -10,62 +10,24 @@ says which text it was tuned on.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
-from importlib import resources
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from engine_builder.errors import InputError
+from engine_builder.text_files import TextFile, builtin_text, read_text_file
 
 BUILTIN = "calibration.txt"
-# jsonl documents are joined like paragraphs, so a window may span two of them as it would in a book
-_DOC_SEPARATOR = "\n\n"
-
-
-@dataclass(frozen=True)
-class CalibrationText:
-    text: str
-    source: str  # the file's name, or "builtin:calibration.txt"
-    sha256: str  # of the file's bytes
+CalibrationText = TextFile  # .text, .source (the file's name, or "builtin:calibration.txt"), .sha256
 
 
 def load(path: Path | None) -> CalibrationText:
     """The calibration text of PATH (.txt raw, .jsonl a "text" field per line); None = the shipped text."""
     if path is None:
-        data = (resources.files("engine_builder") / "data" / BUILTIN).read_bytes()
-        return CalibrationText(data.decode("utf-8"), f"builtin:{BUILTIN}", hashlib.sha256(data).hexdigest())
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-        raw = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read calibration text {path} ({exc}); pass a readable UTF-8 .txt or .jsonl "
-                         f"file to --calib, or leave it out to use the shipped text") from exc
-    text = _jsonl_text(path, raw) if path.suffix.lower() == ".jsonl" else raw
-    if not text.strip():
-        raise InputError(f"calibration text {path} is empty; pass a file with a few thousand words of text "
-                         f"typical of the model's use, or leave --calib out to use the shipped text")
-    return CalibrationText(text, path.name, hashlib.sha256(data).hexdigest())
-
-
-def _jsonl_text(path: Path, raw: str) -> str:
-    docs = []
-    for number, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {number} is not JSON ({exc}); each line of a .jsonl calibration "
-                             f"file must be an object with a \"text\" field") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise InputError(f"{path} line {number} has no string \"text\" field; each line of a .jsonl "
-                             f"calibration file must look like {{\"text\": \"...\"}}")
-        docs.append(record["text"])
-    return _DOC_SEPARATOR.join(docs)
+        return builtin_text(BUILTIN)
+    text = read_text_file(path, "calibration text", "--calib")
+    return dataclasses.replace(text, source=Path(path).name)  # config.json records no local paths
 
 
 def windows(text: CalibrationText, ckpt_dir: Path, samples: int, seq_len: int) -> np.ndarray:

@@ -11,13 +11,11 @@ token is context only. Windows do not overlap, so every text token is predicted 
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine_builder.errors import InputError
+from engine_builder.text_files import TextFile, builtin_text, read_text_file
 
 if TYPE_CHECKING:  # numpy loads with the scorer, not when the CLI starts
     import numpy as np
@@ -28,49 +26,14 @@ DEFAULT_MAX_TOKENS = 1024
 # any engine with max_batch >= 4, so one engine call scores 4 positions (CPU decode steps cost
 # far less than 4x at batch 4). Longer windows lower the perplexity but not the comparison.
 DEFAULT_CONTEXT = 256
-# jsonl documents are joined like paragraphs, so a window may span two of them as it would in a book
-_DOC_SEPARATOR = "\n\n"
 
 
-@dataclass(frozen=True)
-class EvalText:
-    text: str
-    source: str  # the path given, or "builtin:eval.txt"
+EvalText = TextFile  # .text, .source (the path given, or "builtin:eval.txt"), .sha256
 
 
 def load_text(path: Path | None) -> EvalText:
     """The text of PATH (.txt raw, .jsonl a "text" field per line); None = the shipped text."""
-    if path is None:
-        return EvalText((resources.files("engine_builder") / "data" / BUILTIN).read_text("utf-8"), f"builtin:{BUILTIN}")
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"eval text {path} does not exist; pass a .txt or .jsonl file to --text, or leave it out "
-                         f"to use the shipped text")
-    try:
-        raw = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read eval text {path} ({exc}); pass a readable UTF-8 .txt or .jsonl file") from None
-    text = _jsonl_text(path, raw) if path.suffix.lower() == ".jsonl" else raw
-    if not text.strip():
-        raise InputError(f"eval text {path} is empty; pass a file with at least a few hundred words of text")
-    return EvalText(text, str(path))
-
-
-def _jsonl_text(path: Path, raw: str) -> str:
-    docs = []
-    for number, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {number} is not JSON ({exc}); each line of a .jsonl eval file must be "
-                             f"an object with a \"text\" field") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise InputError(f"{path} line {number} has no string \"text\" field; each line of a .jsonl eval file "
-                             f"must look like {{\"text\": \"...\"}}")
-        docs.append(record["text"])
-    return _DOC_SEPARATOR.join(docs)
+    return builtin_text(BUILTIN) if path is None else read_text_file(path, "eval text", "--text")
 
 
 def special_prefix(tokenizer: Any) -> list[int]:

@@ -145,7 +145,7 @@ def test_builtin_text_and_jsonl(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [
-    ("missing.txt", None, "cannot read calibration text .*missing.txt"),
+    ("missing.txt", None, "calibration text .*missing.txt does not exist"),
     ("empty.txt", "  \n", "is empty"),
     ("bad.jsonl", '{"text": "ok"}\n{"text": 3}\n', "line 2 has no string \"text\" field"),
     ("broken.jsonl", '{"text": "ok"}\nnot json\n', "line 2 is not JSON"),

@@ -24,7 +24,7 @@ def run_convert(*args: str | Path) -> subprocess.CompletedProcess[str]:
     (["--quant", "int4_wo", "--group-size", "48"], ["--group-size 48 is not supported", "32, 64, 128"]),
     (["--quant", "int8_wo", "--kv-cache", "int4"], ["--kv-cache 'int4' is not supported", "none, int8, fp8"]),
     (["--quant", "int4_awq", "--group-size", "32", "--calib", "{tmp}/missing.txt"],
-     ["cannot read calibration text", "missing.txt", "leave it out to use the shipped text"]),
+     ["calibration text", "missing.txt", "does not exist", "leave it out to use the shipped text"]),
     (["--quant", "w8a8_sq", "--calib", "{tmp}/empty.txt"], ["calibration text", "empty.txt", "is empty"]),
     (["--quant", "int8_wo", "--calib", "{tmp}/empty.txt"], ["--calib only feeds the calibrated schemes",
                                                             "drop --calib"]),
