@@ -30,7 +30,8 @@ app = typer.Typer(
     help="Turn Hugging Face LLM checkpoints into TensorRT engines ahead of time, and run them.\n\n"
          "\b\n  trtbuild convert  <hf-dir-or-gguf> <ckpt-dir>\n"
          "  trtbuild build    <ckpt-dir> <engine-dir>\n"
-         "  trtbuild run      <engine-dir> --prompt '...'",
+         "  trtbuild run      <engine-dir> --prompt '...'\n"
+         "  trtbuild serve    <engine-dir> --port 8000",
     no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
 stderr = Console(stderr=True)
 stdout = Console()

@@ -42,6 +42,12 @@ def check_quantized_build(quantization: Quantization, targets: Sequence[str], dt
     The onnxruntime twin is always built, so its limits hold whatever the targets."""
     q = quantization
     fp8 = q.scheme == "fp8" or q.activation == "fp8"
+    if q.kv_cache != "none":
+        # measured: its KV_CACHE_UPDATE layer says "cache has type Int8 (FP8) but must have type Float,
+        # Half, or BFloat16", and a copying ScatterND would cost more than the smaller cache saves
+        raise UnsupportedError(
+            f"a {q.kv_cache} KV cache is not supported: TensorRT-RTX updates only float16/bfloat16/float32 caches "
+            f"in place; convert again with --kv-cache none (the weights stay quantized)")
     if q.zero_point and "tensorrt" in targets:
         raise UnsupportedError(
             f"{q.scheme} int4 with zero points cannot build for --target tensorrt (TensorRT refuses int4 zero "
@@ -54,6 +60,6 @@ def check_quantized_build(quantization: Quantization, targets: Sequence[str], dt
     old = [cc for cc in compute_capabilities if cc not in FP8_CAPABLE]
     if fp8 and "tensorrt" in targets and old:
         raise UnsupportedError(
-            f"fp8 needs compute capability 8.9 or newer, and {','.join(old)} has no FP8 tensor cores; build with "
+            f"fp8 needs compute capability 8.9 or newer ({','.join(old)} lack FP8 tensor cores); build with "
             f"--cc {','.join(c for c in compute_capabilities if c in FP8_CAPABLE) or 'sm89,sm120'}, "
             f"or use int8_wo / int4_awq for older GPUs")

@@ -60,7 +60,7 @@ class Executor:
         """Start serving `llm` in a thread of its own (it owns llm's Generator until shutdown)."""
         self.llm = llm
         self.config = config
-        self._generator = llm._generator
+        self._generator = llm.generator
         self._scheduler = Scheduler(config, self._generator)
         self._generator.claim("an Executor serves it", "submit requests to the Executor, or shut it down first")
         self._lock = threading.Condition()
@@ -106,6 +106,11 @@ class Executor:
             running, max_batch = len(self._scheduler.running), self._scheduler.max_batch
             return ExecutorStats(len(self._scheduler.waiting), running, max_batch, max_batch - running,
                                  self._finished, self._cancelled, self._tokens, self._steps, self._failed)
+
+    @property
+    def alive(self) -> bool:
+        """Is the loop thread running? It ends only on shutdown or after an internal error."""
+        return self._thread.is_alive()
 
     def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests. drain: finish the running and queued ones (for at most timeout

@@ -4,6 +4,8 @@ A safetensors file is an 8-byte little-endian header length, a JSON header, then
 row-major tensor bytes; tensor t lives at file offset 8 + header_len + data_offsets[0].
 ONNX external data (location, offset, length) can address exactly that, so model.onnx
 stays a few hundred KB and the weights are never copied, converted or even loaded here.
+Quantized linears (converters/quantize/FORMAT.md) are read the same way: packed int4 bytes
+become an ONNX INT4/UINT4 tensor of the unpacked shape at the same offset.
 """
 
 from __future__ import annotations

@@ -161,6 +161,11 @@ class LLM:
         return TokenStream(self, self._generator.start(ids, self._params(params, 1)), None)
 
     @property
+    def generator(self) -> Generator:
+        """The generation loop over this LLM's backend (what an Executor drives)."""
+        return self._generator
+
+    @property
     def last_timings(self) -> Timings | None:
         """Timings of the last finished generate/stream/chat call."""
         return self._generator.timings

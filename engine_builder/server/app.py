@@ -42,7 +42,7 @@ def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
 
     @app.get("/health", tags=["operations"], summary="200 while the executor runs")
     async def health(request: Request) -> Response:
-        if not _executor_alive(executor):
+        if not executor.alive:
             return error_response(request, UNAVAILABLE, "the executor has stopped (see the server log); restart "
                                                         "the server")
         return JSONResponse({"status": "ok", "model": config.model_name})
@@ -52,9 +52,3 @@ def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     return app
-
-
-def _executor_alive(executor: Executor) -> bool:
-    # The Executor has no public liveness flag yet; its loop thread ends only on shutdown or after
-    # an internal error (then every submit raises), so the thread's life is the executor's.
-    return executor._thread.is_alive()

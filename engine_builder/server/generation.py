@@ -117,6 +117,8 @@ def admit(state: ServerState, prompt_ids: Sequence[int], params: SamplingParams,
     try:
         handle = state.executor.submit(prompt_ids, params)
     except TrtbuildError as exc:
+        if not state.executor.alive:  # shut down or broken: not the request's fault (503, not 422)
+            raise ApiError(UNAVAILABLE, f"{exc}; this server cannot generate any more, restart it") from None
         raise from_trtbuild_error(exc) from None
     state.active += 1
     return ActiveRequest(state, handle)
