@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_builder.config import ModelConfig
-from engine_builder.errors import InputError
+from engine_builder.errors import InputError, UnsupportedError
 
 SCHEMES = ("none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8")
 # schemes whose scales come from activation statistics of calibration text
@@ -41,6 +41,11 @@ class QuantOptions:
                              f"{', '.join(map(str, GROUP_SIZES))}")
         if self.kv_cache not in KV_CACHE:
             raise InputError(f"--kv-cache {self.kv_cache!r} is not supported; choose one of {', '.join(KV_CACHE)}")
+        if self.kv_cache != "none":
+            # refused here rather than by `build` after a long convert (engine_builder/target_check.py says why)
+            raise UnsupportedError(f"--kv-cache {self.kv_cache} is not supported yet: TensorRT-RTX 1.7 updates only "
+                                   f"float16/bfloat16/float32 KV caches in place; use --kv-cache none (the weights "
+                                   f"stay quantized)")
         if self.calib is not None and not self.calibrated:
             raise InputError(f"--calib only feeds the calibrated schemes ({', '.join(CALIBRATED)}); "
                              f"--quant {self.scheme} uses no calibration, so drop --calib")
