@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from converters.quantize.calibrated_scales import channel_scales, input_scales
+from converters.quantize.calibrated_scales import channel_scales, clipped_weight, input_scales
 from converters.quantize.folding import Folding
 from converters.quantize.linear_quant import Layout, linear_layout, quantize_linear
 from converters.quantize.options import INT4, WEIGHT_BITS, QuantOptions, select_linears
@@ -130,6 +130,8 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             if prefix in quantized:
                 w = tensors.read(src)  # [out, in] f32
                 w = folding.apply(src, w) if folding.touches(src) else w
+                if options.scheme == "int4_awq":
+                    w = clipped_weight(prefix, w, calib, scales, options.group_size)
                 arrays = quantize_linear(w, options.scheme, options.group_size, activation_scales.get(prefix))
                 parts = linear_layout(prefix, *w.shape, options.scheme, cfg.dtype, options.group_size)
                 for (name, dtype, _), array in zip(parts, arrays):

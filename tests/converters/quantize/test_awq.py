@@ -8,7 +8,7 @@ import pytest
 from safetensors import safe_open
 
 from converters.quantize import calibration_text
-from converters.quantize.awq import output_error, search_scales
+from converters.quantize.awq import CLIP_GRID, CLIP_STEPS, clip, output_error, search_clip, search_scales
 from converters.quantize.calibrate import collect
 from converters.quantize.rtn import dequantize_int4_blocked, quantize_int4_blocked
 from engine_builder.errors import InputError
@@ -57,6 +57,38 @@ def test_never_worse_than_rtn_on_the_sample():
 def test_group_size_must_divide_input_channels():
     with pytest.raises(InputError, match="--group-size 128 does not divide weight's 576 input channels"):
         search_scales(np.ones((8, 576), np.float32), np.ones((4, 576), np.float32), 128)
+
+
+def clipped_error(w: np.ndarray, x: np.ndarray, limits: np.ndarray | None) -> float:
+    """Mean squared output error of int4 RTN of W, clamped to LIMITS first when given."""
+    q, scale = quantize_int4_blocked(w if limits is None else clip(w, limits), GROUP)
+    diff = x @ (w - dequantize_int4_blocked(q, scale)).T
+    return float(np.mean(np.square(diff, dtype=np.float64)))
+
+
+def test_clip_limits_are_the_quantizers_ranges():
+    """Clamped to its limits, a group's amax is its limit: the int4 scale is limit / 7, from the grid."""
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((16, 128)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
+    limits = search_clip(w, x, GROUP)
+    amax = np.abs(w).reshape(16, -1, GROUP).max(axis=2)
+    assert limits.shape == (16, 128 // GROUP) and limits.dtype == np.float32
+    ratios = limits / amax
+    grid = 1 - np.arange(CLIP_STEPS) / CLIP_GRID
+    assert np.isclose(ratios[..., None], grid, atol=1e-6).any(axis=-1).all()
+    _, scale = quantize_int4_blocked(clip(w, limits), GROUP)
+    assert np.allclose(scale, limits / 7, rtol=1e-6)
+
+
+def test_clip_beats_rtn_on_held_out_tokens():
+    """Gaussian weights: clipping the rare largest weights buys finer steps for all the others."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((128, 256)).astype(np.float32)
+    calib, held = activations(rng, 512, 256, ()), activations(rng, 512, 256, ())
+    limits = search_clip(w, calib, GROUP)
+    assert (limits < np.abs(w).reshape(128, -1, GROUP).max(axis=2)).mean() > 0.5  # most groups are clipped
+    rtn, clipped = clipped_error(w, held, None), clipped_error(w, held, limits)
+    assert clipped < 0.9 * rtn, (rtn, clipped)
 
 
 def test_scales_beat_rtn_on_smollm2_layers(smollm2_ckpt):
