@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from test_quantize_errors import assert_refused, run_convert
 
 from converters.convert import convert
 from converters.quantize import rtn
@@ -148,21 +147,6 @@ def test_ingest_dequantizes_exactly(method, quant_config, symmetric, zero_minus_
                            source["model.layers.1.post_attention_layernorm.weight"])
         assert torch.equal(f.get_tensor("lm_head.weight"), source["lm_head.weight"])
         assert len(f.keys()) == cfg.num_tensors == result.tensors
-
-
-def run_convert(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "convert", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
-
-
-def assert_refused(proc: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp dir left behind"
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,16 @@ def run_convert(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+def assert_refused(proc: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp dir left behind"
+
+
 @pytest.mark.parametrize(("flags", "needles"), [
     # the tiny llama's hidden size is 64: the default group of 128 cannot divide it
     (["--quant", "int4_wo"], ["--group-size 128 does not divide layers.0.attn.qkv's 64 input channels",
@@ -39,13 +49,7 @@ def test_bad_quant_options(tiny_model_dir, tmp_path, flags, needles):
     (tmp_path / "empty.txt").write_text(" \n\n")
     out = tmp_path / "out"
     proc = run_convert(tiny_model_dir("llama"), out, *(f.format(tmp=tmp_path) for f in flags))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert not out.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp dir left behind"
+    assert_refused(proc, out, *needles)
 
 
 def test_failure_after_the_float_checkpoint_leaves_nothing(tiny_model_dir, tmp_path):
