@@ -1,0 +1,99 @@
+"""Fidelity of each quantization scheme on the real model, through the whole pipeline.
+
+SmolLM2-135M fp32 checkpoint -> quantize_checkpoint (what `convert --quant` runs) -> `build` of the
+onnxruntime float32 twin (MatMulNBits at the manifest's accuracy level) -> `evaluate` against the
+fp32 engine on the shipped eval text. Group 64: SmolLM2's hidden size 576 is not a multiple of 128.
+lm_head stays float (`--exclude lm_head`): it is the tied embedding, and quantizing it costs more
+fidelity than any other linear on this model (measured, see the README's quantization table).
+
+The bounds below are the measured figures (README, "Quantization") with a small margin: they
+guard against regressions, they are NOT issue 6's targets, which int8_wo (top-1 >= 0.99) and
+int4_awq (ppl within 5% of fp32) do not meet yet on this model; the README says by how much.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runner_engines import build_engine
+
+from converters.quantize.options import QuantOptions
+from converters.quantize.quantized_checkpoint import quantize_checkpoint
+from engine_builder.build import build
+from engine_builder.build_config import BuildConfig, Limits
+from engine_builder.eval import evaluate
+
+EVAL_TOKENS = 512
+CONTEXT = 128  # 4 windows side by side in the 4 KV slots of the test engines
+GROUP = 64
+# measured at EVAL_TOKENS / CONTEXT: int8_wo top-1 0.949, ppl ratio 1.012; int4_awq ppl ratio 1.289
+# (int4_wo 1.468); w8a8_sq 1.470; fp8 (float16 twin) 1.052, top-1 0.880
+INT8_MIN_TOP1 = 0.94
+INT8_MAX_PPL_RATIO = 1.03
+INT4_AWQ_MAX_PPL_RATIO = 1.35
+W8A8_MAX_PPL_RATIO = 1.55
+FP8_MAX_PPL_RATIO = 1.08
+
+
+@pytest.fixture(scope="module")
+def quantized(smollm2_ckpt, tmp_path_factory):
+    """scheme -> (checkpoint dir, onnxruntime engine dir), made once per scheme."""
+    made = {}
+
+    def get(scheme: str):
+        if scheme not in made:
+            root = tmp_path_factory.mktemp(f"smollm2-{scheme}")
+            ckpt = root / "ckpt"
+            ckpt.mkdir()
+            quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, GROUP, exclude=("lm_head",)))
+            # fp8 needs a float16 twin: onnxruntime's float32 kernels refuse FP8 Q/DQ
+            dtype = "float16" if scheme == "fp8" else "float32"
+            made[scheme] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
+        return made[scheme]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def fidelity(quantized, smollm2_engine):
+    scores = {}
+
+    def get(scheme: str):
+        if scheme not in scores:
+            scores[scheme] = evaluate(quantized(scheme)[1], reference=smollm2_engine, max_tokens=EVAL_TOKENS,
+                                      context=CONTEXT, backend="onnxruntime")
+        return scores[scheme]
+
+    return get
+
+
+def test_int8_weight_only_agrees_with_fp32(fidelity):
+    result = fidelity("int8_wo")
+    print(json.dumps(result.to_json()))
+    assert result.top1_agreement >= INT8_MIN_TOP1, result
+    assert result.ppl <= result.reference_ppl * INT8_MAX_PPL_RATIO, result
+
+
+def test_int4_awq_beats_round_to_nearest(fidelity):
+    awq, rtn = fidelity("int4_awq"), fidelity("int4_wo")
+    print(json.dumps({"int4_awq": awq.to_json(), "int4_wo": rtn.to_json()}))
+    assert awq.ppl < rtn.ppl and awq.kl < rtn.kl, (awq, rtn)
+    assert awq.ppl <= awq.reference_ppl * INT4_AWQ_MAX_PPL_RATIO, awq
+
+
+@pytest.mark.parametrize(("scheme", "max_ratio"), [("w8a8_sq", W8A8_MAX_PPL_RATIO), ("fp8", FP8_MAX_PPL_RATIO)])
+def test_activation_quantized_schemes_stay_within_their_bounds(fidelity, scheme, max_ratio):
+    result = fidelity(scheme)
+    print(json.dumps({scheme: result.to_json()}))
+    assert result.ppl <= result.reference_ppl * max_ratio, result
+
+
+def test_int4_awq_builds_a_tensorrt_engine(quantized, tmp_path):
+    ckpt, _ = quantized("int4_awq")
+    out = tmp_path / "trt"
+    result = build(ckpt, out, BuildConfig(targets=("tensorrt",), dtype="float16", compute_capabilities=("sm86",),
+                                          limits=Limits(max_batch=1, max_input_len=64, max_seq_len=128)))
+    manifest = json.loads((out / "config.json").read_text())
+    assert (out / "rank0.engine").stat().st_size > 50e6, result
+    assert manifest["checkpoint"]["quantization"]["scheme"] == "int4_awq"
