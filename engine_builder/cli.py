@@ -31,7 +31,8 @@ app = typer.Typer(
          "\b\n  trtbuild convert  <hf-dir-or-gguf> <ckpt-dir>\n"
          "  trtbuild build    <ckpt-dir> <engine-dir>\n"
          "  trtbuild run      <engine-dir> --prompt '...'\n"
-         "  trtbuild serve    <engine-dir> --port 8000",
+         "  trtbuild serve    <engine-dir> --port 8000\n"
+         "  trtbuild eval     <engine-dir> [--reference <ckpt-dir>]",
     no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
 stderr = Console(stderr=True)
 stdout = Console()
@@ -116,8 +117,8 @@ def convert(
         help="Input channels per int4 scale. Smaller is more accurate and larger on disk; it must divide "
              "every linear's input size (SmolLM2's 576: 64 or 32).")] = 128,
     kv_cache: Annotated[str, typer.Option(
-        metavar="none|int8|fp8", help="KV-cache precision recorded for `trtbuild build`: none (the compute "
-                                      "dtype), int8 or fp8.")] = "none",
+        metavar="none|int8|fp8", help="KV-cache precision: none (the compute dtype). int8 and fp8 are "
+                                      "refused: TensorRT-RTX 1.7 updates only float caches in place.")] = "none",
     calib: Annotated[Path | None, typer.Option(
         metavar="FILE",
         help="Calibration text for int4_awq, w8a8_sq and fp8: a .txt, or a .jsonl with a \"text\" field per "
