@@ -18,6 +18,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from converters.quantize.fp8 import E4M3_MAX, quantize_fp8
+from converters.quantize.options import linear_prefixes
 from converters.quantize.rtn import (
     dequantize_int4_blocked,
     dequantize_int8_per_channel,
@@ -26,13 +28,12 @@ from converters.quantize.rtn import (
     quantize_int8_per_channel,
     unpack_int4,
 )
-from engine_builder.config import CheckpointConfig, ModelConfig, Quantization
+from engine_builder.config import CheckpointConfig, Quantization
 
 WEIGHTS = "rank0.safetensors"
-FP8_MAX = 448.0
 # static per-tensor activation scales: no calibration here, so a range that covers the tiny
 # models' normalized activations (|x| < ~8) without clipping much
-ACTIVATION_SCALES = {"int8": 8.0 / 127, "fp8": 8.0 / FP8_MAX}
+ACTIVATION_SCALES = {"int8": 8.0 / 127, "fp8": 8.0 / E4M3_MAX}
 SCHEMES: dict[str, dict] = {
     "int8_wo": dict(weight_bits=8),
     "w8a8_sq": dict(weight_bits=8, activation="int8"),
@@ -42,18 +43,12 @@ SCHEMES: dict[str, dict] = {
 }
 
 
-def linear_prefixes(cfg: ModelConfig, lm_head: bool) -> list[str]:
-    parts = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
-    names = [f"layers.{i}.{p}" for i in range(cfg.num_layers) for p in parts]
-    return names + (["lm_head"] if lm_head else [])
-
-
 def quantize_checkpoint(src: Path, out: Path, scheme: str, group_size: int | None = None,
                         lm_head: bool = True) -> Path:
     """Rewrite float checkpoint SRC's linears (and lm_head) into OUT, quantized with SCHEME."""
     ckpt = CheckpointConfig.load(src)
     tensors = load_file(Path(src) / WEIGHTS)
-    prefixes = linear_prefixes(ckpt.model, lm_head)
+    prefixes = [p for p in linear_prefixes(ckpt.model) if lm_head or p != "lm_head"]
     float_dtype = next(iter(tensors.values())).dtype
     for p in prefixes:
         source = p + ".weight" if p + ".weight" in tensors else "embed.weight"  # a tied lm_head
@@ -85,8 +80,8 @@ def _quantize(p: str, w: np.ndarray, scheme: str, g: int | None, float_dtype: np
         q, scale = quantize_int4_blocked(w, g)
         found = {".weight": pack_int4(q), ".weight_scale": scale.astype(float_dtype)}
     else:  # fp8 e4m3, one scale per tensor
-        scale = np.float32(np.abs(w).max() / FP8_MAX)
-        found = {".weight": (w / scale).astype(ml_dtypes.float8_e4m3fn), ".weight_scale": np.array(scale, np.float32)}
+        q, scale = quantize_fp8(w)
+        found = {".weight": q.view(ml_dtypes.float8_e4m3fn), ".weight_scale": np.array(scale, np.float32)}
     if kind.get("activation"):
         found[".input_scale"] = np.array(ACTIVATION_SCALES[kind["activation"]], np.float32)
     return {p + suffix: np.array(v, order="C") for suffix, v in found.items()}  # 0-d stays 0-d
