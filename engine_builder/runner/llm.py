@@ -117,6 +117,11 @@ class LLM:
             raise InputError(f"a prompt must be a string, got {type(prompt).__name__}")
         return list(self.tokenizer(prompt).input_ids)
 
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """The chat template's text as token ids; the template already holds the special tokens
+        (BOS, turn markers), so none are added again."""
+        return list(self.tokenizer(self.apply_chat_template(messages), add_special_tokens=False).input_ids)
+
     def apply_chat_template(self, messages: Messages) -> str:
         """The model's chat template over `messages`, ending with the assistant's turn opener."""
         if not getattr(self.tokenizer, "chat_template", None):
@@ -151,13 +156,10 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         if not conversations or any(not c for c in conversations):
             raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
-        texts = [self.apply_chat_template(c) for c in conversations]
-        # the template already holds the special tokens: do not add a BOS again
-        ids = [list(self.tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
-        return self.generate(params=params, prompt_token_ids=ids)
+        return self.generate(params=params, prompt_token_ids=[self.encode_chat(c) for c in conversations])
 
     def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> TokenStream:
-        ids = [list(self.tokenizer(self.apply_chat_template(messages), add_special_tokens=False).input_ids)]
+        ids = [self.encode_chat(messages)]
         return TokenStream(self, self._generator.start(ids, self._params(params, 1)), None)
 
     @property

@@ -74,13 +74,6 @@ def server_state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-def encode_chat(state: ServerState, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """The chat template's text, tokenized without special tokens: the template already holds them
-    (BOS, turn markers), as LLM.chat does it."""
-    llm = state.executor.llm
-    return list(llm.tokenizer(llm.apply_chat_template(messages), add_special_tokens=False).input_ids)
-
-
 def max_new_tokens(state: ServerState, prompt_len: int, requested: int | None, default: int | None,
                    field: str) -> int:
     """The request's value (named `field` in errors), else `default` (None = all the room

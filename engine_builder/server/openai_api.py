@@ -28,7 +28,6 @@ from engine_builder.server.generation import (
     EventStream,
     ServerState,
     admit,
-    encode_chat,
     max_new_tokens,
     server_state,
     sse,
@@ -170,7 +169,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(VALIDATION, "top_logprobs needs logprobs: true")
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    ids = encode_chat(state, messages)
+    ids = state.executor.llm.encode_chat(messages)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
