@@ -219,11 +219,10 @@ class Generator:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
         return 0 if r.token_ids else len(r.prompt_ids) - self.backend.kv.length(r.slot)
 
-    def prefill(self, r: RequestState, events: list[Event], max_tokens: int | None = None) -> int:
+    def prefill(self, r: RequestState, events: list[Event], max_tokens: int | None = None) -> None:
         """Write the next tokens of r's context into its slot at the slot's length: all of them, or at
         most max_tokens (chunked prefill). After the last one, r's next token is sampled. The context
-        is the prompt, plus the generated tokens when a longrope re-prefill starts over at 0.
-        Returns the number of tokens written."""
+        is the prompt, plus the generated tokens when a longrope re-prefill starts over at 0."""
         kv = self.backend.kv
         context = r.prompt_ids + r.token_ids
         start = kv.length(r.slot)
@@ -233,7 +232,6 @@ class Generator:
         if end == len(context):  # earlier chunks' logits predict prompt tokens we already have
             sample = self.sampler(logits, [r.sampling])
             self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
-        return end - start
 
     def reprefill(self, active: dict[int, RequestState], events: list[Event]) -> None:
         """longrope: a sequence reaching the switch length is recomputed with the long factors."""
