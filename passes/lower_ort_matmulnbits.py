@@ -32,17 +32,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes.base import RewritePass, register_pass
 
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # weights it can re-read as float
+
 MS_DOMAIN = "com.microsoft"
 ACCURACY_META = "trtbuild.ort_accuracy_level"
 INT8_BLOCK = 32  # per-channel int8 has no blocks of its own; 32 is what onnxruntime's own fusion picks
-_NUMPY = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16, ir.DataType.BFLOAT16: ml_dtypes.bfloat16}
 
 
 def stored_bytes(tensor: ir.ExternalTensor) -> np.ndarray:
@@ -94,7 +94,7 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
         if x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             return result.fail(f"activations are {x.dtype}; MatMulNBits takes float32 or float16", x)
         source, source_dtype = _float_source(scale)
-        if source is None or source_dtype not in _NUMPY:
+        if source is None or source_dtype not in _FLOATS:
             return result.fail("the scale is not a float tensor stored in the checkpoint", scale)
         n, k = stored.shape
         axis, block = dq.attributes.get_int("axis", 1), dq.attributes.get_int("block_size", 0)
@@ -149,7 +149,7 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
 
 
 def _read_float(stored: ir.ExternalTensor, stored_dtype: ir.DataType, dtype: ir.DataType) -> np.ndarray:
-    return stored_bytes(stored).view(_NUMPY[stored_dtype]).astype(_NUMPY[dtype])
+    return stored_bytes(stored).view(stored_dtype.numpy()).astype(dtype.numpy())
 
 
 @register_pass

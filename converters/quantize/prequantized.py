@@ -22,6 +22,7 @@ import numpy as np
 
 from converters.base import PlannedTensor, TensorInfo
 from converters.quantize.options import linear_prefixes
+from converters.quantize.quantized_checkpoint import FLOAT_DTYPES
 from converters.quantize.rtn import pack_int4
 from engine_builder.config import ModelConfig, Quantization
 from engine_builder.errors import InputError, UnsupportedError
@@ -181,14 +182,12 @@ def linear_layout(t: PlannedTensor, dtype: str, group_size: int, sym: bool) -> l
 def append_linear(source: Source, writer: StreamingSafetensorsWriter, t: PlannedTensor, fmt: PrequantizedFormat,
                   dtype: str, sym: bool) -> None:
     """Write planned weight `t`: its parts' codes, then scales, then zeros, each fused by rows."""
-    import torch
-
     parts = [unpack(source, name.removesuffix(".weight"), fmt) for name in t.sources]
     prefix = t.name.removesuffix(".weight")
     for q, _, _ in parts:
-        writer.append(t.name, torch.from_numpy(pack_int4(q.astype(np.int8) - 8 if sym else q)))  # [rows, in/2]
+        writer.append(t.name, pack_int4(q.astype(np.int8) - 8 if sym else q))  # [rows, in/2]
     for _, _, scale in parts:
-        writer.append(f"{prefix}.weight_scale", torch.from_numpy(scale).to(getattr(torch, dtype)))  # [rows, blocks]
+        writer.append(f"{prefix}.weight_scale", scale.astype(FLOAT_DTYPES[dtype]))  # [rows, blocks]
     if not sym:
         for _, zero, _ in parts:
-            writer.append(f"{prefix}.weight_zero", torch.from_numpy(pack_int4(zero)))  # [rows, ceil(blocks/2)]
+            writer.append(f"{prefix}.weight_zero", pack_int4(zero))  # [rows, ceil(blocks/2)]

@@ -34,7 +34,7 @@ WEIGHTS_FILE = "rank0.safetensors"
 # progress(stage, done, total): "calibrating" counts windows of text, "quantizing" bytes of the float checkpoint
 Progress = Callable[[str, int, int], None]
 
-_ST_NUMPY = {"F32": np.float32, "F16": np.float16}
+_ST_NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
@@ -73,8 +73,6 @@ class FloatTensors:
         with open(self.path, "rb") as f:
             f.seek(offset)
             data = f.read(nbytes)
-        if dtype == "BF16":  # bfloat16 is the top half of a float32
-            return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
         # read-only and, for F32, the file's bytes themselves: folding and quantizing make their own arrays
         return np.frombuffer(data, _ST_NUMPY[dtype]).astype(np.float32, copy=False).reshape(shape)
 
