@@ -32,10 +32,8 @@ def smollm2_source(smollm2_gguf: Path) -> GGUFSource:
 
 
 @pytest.fixture(scope="module")
-def hf_reference_state(smollm2_gguf: Path) -> dict[str, torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                                 dtype=torch.float32)
-    return model.state_dict()
+def hf_reference_state(hf_smollm2) -> dict[str, torch.Tensor]:
+    return hf_smollm2[0].state_dict()  # transformers' own GGUF loader, float32 (tests/conftest.py)
 
 
 def test_smollm2_tensors_equal_transformers_gguf_loader(smollm2_source, hf_reference_state):
