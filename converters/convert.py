@@ -109,7 +109,7 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
 
 
 def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quant: str = "none",
-            group_size: int = 128, kv_cache: str = "none", calib: Path | None = None,
+            group_size: int | None = None, kv_cache: str = "none", calib: Path | None = None,
             calib_samples: int | None = None, calib_seq_len: int | None = None, exclude: Iterable[str] = (),
             progress: Progress | None = None) -> ConvertResult:
     """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none".

@@ -108,14 +108,16 @@ def convert(
                                             "with --quant), float32, float16 or bfloat16.")] = "auto",
     quant: Annotated[str, typer.Option(
         metavar="SCHEME",
-        help="Weight quantization: none; int8_wo (int8 per output channel, weight-only); int4_wo (int4 per group "
-             "of --group-size inputs, round-to-nearest); int4_awq (int4 with activation-aware scales from "
-             "calibration text); w8a8_sq (int8 weights and activations, SmoothQuant); fp8 (e4m3 weights and "
-             "activations, per tensor). An AWQ / GPTQ source is ingested as it is, without --quant.")] = "none",
-    group_size: Annotated[int, typer.Option(
+        help="Weight quantization: none; int8_wo (int8 per output channel, or per --group-size, weight-only); "
+             "int4_wo (int4 per group of --group-size inputs, round-to-nearest); int4_awq (int4 with "
+             "activation-aware scales from calibration text); w8a8_sq (int8 weights and activations, "
+             "SmoothQuant); fp8 (e4m3 weights and activations, per tensor). An AWQ / GPTQ source is ingested "
+             "as it is, without --quant.")] = "none",
+    group_size: Annotated[int | None, typer.Option(
         metavar="32|64|128",
-        help="Input channels per int4 scale. Smaller is more accurate and larger on disk; it must divide "
-             "every linear's input size (SmolLM2's 576: 64 or 32).")] = 128,
+        help="Input channels per weight scale. int4: default 128. int8_wo: default one scale per output "
+             "channel; a group size gives it one per group. Smaller is more accurate and larger on disk; it "
+             "must divide every linear's input size (SmolLM2's 576: 64 or 32).")] = None,
     kv_cache: Annotated[str, typer.Option(
         metavar="none|int8|fp8", help="KV-cache precision: none (the compute dtype). int8 and fp8 are "
                                       "refused: TensorRT-RTX 1.7 updates only float caches in place.")] = "none",

@@ -8,6 +8,7 @@ none is given), the row-major [out, in] bytes of FORMAT.md once their sign is mo
   int4 (signed, INT4 view)      B = bytes XOR 0x88 (v + 8 in each nibble), scales [N, K/g] as stored
   uint4 + zeros (awq / gptq)    B and zero_points are the stored bytes, referenced where they are
   int8 per channel              B = bytes XOR 0x80, block 32, the row's scale repeated per block
+  int8 blocked                  B = bytes XOR 0x80, block g, scales [N, K/g] as stored
 New bytes are ir.LazyTensors read from rank0.safetensors with numpy.memmap (onnx_ir refuses
 external data in the hard-linked file) only when the graph is saved: network/export.save_graph
 streams them into model.onnx.data one at a time, so model.onnx stays small and memory bounded.
@@ -99,15 +100,17 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
         n, k = stored.shape
         axis, block = dq.attributes.get_int("axis", 1), dq.attributes.get_int("block_size", 0)
         zero = dq.inputs[2] if len(dq.inputs) > 2 else None
-        if stored.dtype == ir.DataType.INT8:
-            if axis != 0 or block or zero is not None or tuple(scale.shape or ()) != (n,):
+        if stored.dtype == ir.DataType.INT8 and not block:
+            if axis != 0 or zero is not None or tuple(scale.shape or ()) != (n,):
                 return result.fail("int8 weight is not dequantized per output channel (axis 0, no zero point)", w)
             if k % INT8_BLOCK:
                 return result.fail(f"int8 weight's {k} input channels are not a multiple of {INT8_BLOCK}", w)
-        elif stored.dtype in (ir.DataType.INT4, ir.DataType.UINT4):
+        elif stored.dtype in (ir.DataType.INT8, ir.DataType.INT4, ir.DataType.UINT4):
             if axis != 1 or block < 16 or block & (block - 1) or k % block:
-                return result.fail(f"int4 weight is not blocked along its input axis by a power of two >= 16 "
-                                   f"dividing K (axis {axis}, block_size {block})", w)
+                return result.fail(f"{stored.dtype} weight is not blocked along its input axis by a power of two "
+                                   f">= 16 dividing K (axis {axis}, block_size {block})", w)
+            if stored.dtype == ir.DataType.INT8 and zero is not None:
+                return result.fail("blocked int8 weight has a zero point; MatMulNBits' 8-bit form takes none", w)
             has_zero = zero is not None
             if (stored.dtype == ir.DataType.UINT4) != has_zero or (has_zero and _stored(zero) is None):
                 return result.fail("int4 zero points are not a stored uint4 tensor beside a uint4 weight", w)
@@ -122,19 +125,23 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
         n, k = stored.shape
         dtype = x.dtype  # scales must be in the activation type
         name = w.name.removesuffix(".weight") + ".nbits"
+        block = dq.attributes.get_int("block_size", 0)
         if stored.dtype == ir.DataType.INT8:
-            bits, block = 8, INT8_BLOCK
+            bits, per_channel = 8, not block
+            block = block or INT8_BLOCK
             b = _lazy(f"{name}.B", ir.DataType.UINT8, (n, k // block, block),
                       lambda: (stored_bytes(stored) ^ 0x80).reshape(n, k // block, block))
-            scales = _lazy(f"{name}.scales", dtype, (n, k // block), lambda: np.repeat(
-                _read_float(source, source_dtype, dtype).reshape(n, 1), k // block, axis=1))
         else:
-            bits, block = 4, dq.attributes.get_int("block_size")
+            bits, per_channel = 4, False
             shape = (n, k // block, block // 2)
             if stored.dtype == ir.DataType.INT4:  # signed nibbles -> unsigned with zero point 8
                 b = _lazy(f"{name}.B", ir.DataType.UINT8, shape, lambda: (stored_bytes(stored) ^ 0x88).reshape(shape))
             else:
                 b = _view(stored, f"{name}.B", shape)
+        if per_channel:  # the row's scale repeated per block
+            scales = _lazy(f"{name}.scales", dtype, (n, k // block), lambda: np.repeat(
+                _read_float(source, source_dtype, dtype).reshape(n, 1), k // block, axis=1))
+        else:
             scales = (source if source_dtype == dtype and source.shape == (n, k // block) else
                       _lazy(f"{name}.scales", dtype, (n, k // block),
                             lambda: _read_float(source, source_dtype, dtype).reshape(n, k // block)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converters.quantize.rtn import INT4_MAX, check_group_size, dequantize_int4_blocked, quantize_int4_blocked
+from converters.quantize.rtn import INT4_MAX, check_group_size, dequantize_blocked, quantize_int4_blocked
 
 GRID = 20  # alpha in 0, 1/20, ..., 19/20, as AutoAWQ
 # AutoAWQ's floor on mean|x|^alpha: a channel that never activates must not get a zero scale
@@ -49,7 +49,7 @@ def search_scales(weight: np.ndarray, sample: np.ndarray, group_size: int) -> np
 def output_error(weight: np.ndarray, x: np.ndarray, scales: np.ndarray, group_size: int) -> float:
     """Mean squared error of x @ W^T against (x / s) @ Q(W * s)^T, for x [n, in] and s [in]."""
     q, q_scale = quantize_int4_blocked(weight * scales, group_size)
-    effective = dequantize_int4_blocked(q, q_scale) / scales  # [out, in]: what x meets after folding 1/s
+    effective = dequantize_blocked(q, q_scale) / scales  # [out, in]: what x meets after folding 1/s
     # the weight difference first: x @ (W - W_q)^T keeps the error's own precision in float32
     diff = (x @ (weight - effective).T).ravel()  # [n * out]
     return float(np.dot(diff, diff)) / diff.size  # a BLAS dot: ~10x faster than square-then-mean here

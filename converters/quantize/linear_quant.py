@@ -14,10 +14,12 @@ CHUNK_BYTES = 16 << 20  # float32 weight rows quantized per step
 Layout = list[tuple[str, str, tuple[int, ...]]]
 
 
-def linear_layout(prefix: str, out: int, inp: int, scheme: str, dtype: str, group_size: int) -> Layout:
-    """What the checkpoint holds for quantized linear `prefix` of weight [out, inp]; `dtype` is the ckpt's."""
+def linear_layout(prefix: str, out: int, inp: int, scheme: str, dtype: str, group_size: int | None) -> Layout:
+    """What the checkpoint holds for quantized linear `prefix` of weight [out, inp]; `dtype` is the ckpt's.
+    group_size None: one scale per output channel (int8)."""
     if scheme == "int8_wo":
-        return [(f"{prefix}.weight", "int8", (out, inp)), (f"{prefix}.weight_scale", dtype, (out,))]
+        scale_shape = (out,) if group_size is None else (out, inp // group_size)
+        return [(f"{prefix}.weight", "int8", (out, inp)), (f"{prefix}.weight_scale", dtype, scale_shape)]
     if scheme in ("int4_wo", "int4_awq"):
         return [(f"{prefix}.weight", "uint8", (out, inp // 2)),
                 (f"{prefix}.weight_scale", dtype, (out, inp // group_size))]
@@ -30,8 +32,11 @@ def linear_layout(prefix: str, out: int, inp: int, scheme: str, dtype: str, grou
     raise ValueError(f"scheme {scheme!r} stores no quantized linears")
 
 
-def quantize_linear(w: np.ndarray, scheme: str, group_size: int, input_scale: float | None) -> list[np.ndarray]:
+def quantize_linear(w: np.ndarray, scheme: str, group_size: int | None,
+                    input_scale: float | None) -> list[np.ndarray]:
     """w: [out, in] float32 (scales already folded in) -> arrays in linear_layout's order (scales as float32)."""
+    if scheme == "int8_wo" and group_size is not None:
+        return list(_by_rows(w, lambda rows: rtn.quantize_int8_blocked(rows, group_size)))
     if scheme in ("int8_wo", "w8a8_sq"):
         q, scale = _by_rows(w, rtn.quantize_int8_per_channel)
         return [q, scale] if scheme == "int8_wo" else [q, scale, np.float32(input_scale)]

@@ -15,13 +15,17 @@ CALIBRATED = ("int4_awq", "w8a8_sq", "fp8")
 INT4 = ("int4_wo", "int4_awq")
 WEIGHT_BITS = {"int8_wo": 8, "w8a8_sq": 8, "int4_wo": 4, "int4_awq": 4}  # fp8: the dtype says it
 GROUP_SIZES = (32, 64, 128)
+GROUPED = (*INT4, "int8_wo")  # schemes with per-group scales: always for int4, on request for int8_wo
+INT4_DEFAULT_GROUP = 128
 KV_CACHE = ("none", "int8", "fp8")
 
 
 @dataclass(frozen=True)
 class QuantOptions:
     scheme: str = "none"
-    group_size: int = 128  # input channels per scale, int4 schemes only
+    # input channels per scale; None = the scheme's default: INT4_DEFAULT_GROUP for int4, one scale
+    # per output channel for int8_wo (see `groups`)
+    group_size: int | None = None
     kv_cache: str = "none"
     calib: Path | None = None  # None: the shipped calibration text
     # None: calibrate.DEFAULT_SAMPLES / DEFAULT_SEQ_LEN (not imported here: it loads onnxruntime)
@@ -33,12 +37,22 @@ class QuantOptions:
     def calibrated(self) -> bool:
         return self.scheme in CALIBRATED
 
+    @property
+    def groups(self) -> int | None:
+        """Input channels per weight scale as the checkpoint stores them; None = per output channel."""
+        if self.scheme in INT4:
+            return self.group_size or INT4_DEFAULT_GROUP
+        return self.group_size if self.scheme == "int8_wo" else None
+
     def validate(self) -> None:
         if self.scheme not in SCHEMES:
             raise InputError(f"--quant {self.scheme!r} is not a scheme; choose one of {', '.join(SCHEMES)}")
-        if self.group_size not in GROUP_SIZES:
+        if self.group_size is not None and self.group_size not in GROUP_SIZES:
             raise InputError(f"--group-size {self.group_size} is not supported; choose one of "
                              f"{', '.join(map(str, GROUP_SIZES))}")
+        if self.group_size is not None and self.scheme not in GROUPED:
+            raise InputError(f"--group-size applies to {', '.join(GROUPED)}; --quant {self.scheme} has one weight "
+                             f"scale per {'output channel' if self.scheme == 'w8a8_sq' else 'tensor'}, so drop it")
         if self.kv_cache not in KV_CACHE:
             raise InputError(f"--kv-cache {self.kv_cache!r} is not supported; choose one of {', '.join(KV_CACHE)}")
         if self.kv_cache != "none":
@@ -83,12 +97,12 @@ def in_features(model: ModelConfig, prefix: str) -> int:
 def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(quantized, excluded) linear prefixes of MODEL under OPTIONS, the group size checked against each."""
     quantized, excluded = split_excluded(linear_prefixes(model), options.exclude)
-    if options.scheme in INT4:
+    if (group := options.groups) is not None:
         sizes = {p: in_features(model, p) for p in quantized}
-        if bad := next((p for p, n in sizes.items() if n % options.group_size), None):
+        if bad := next((p for p, n in sizes.items() if n % group), None):
             fits = [g for g in GROUP_SIZES if all(n % g == 0 for n in sizes.values())]
             hint = (f"use --group-size {' or '.join(map(str, fits[::-1]))} for this model" if fits else
-                    "no supported group size divides them all; use --quant int8_wo, or --exclude the linears")
-            raise InputError(f"--group-size {options.group_size} does not divide {bad}'s {sizes[bad]} input "
-                             f"channels; {hint}")
+                    "no supported group size divides them all; use --quant int8_wo without --group-size, or "
+                    "--exclude the linears")
+            raise InputError(f"--group-size {group} does not divide {bad}'s {sizes[bad]} input channels; {hint}")
     return quantized, excluded

@@ -20,7 +20,7 @@ import numpy as np
 from converters.quantize.calibrated_scales import channel_scales, clipped_weight, input_scales
 from converters.quantize.folding import Folding
 from converters.quantize.linear_quant import Layout, linear_layout, quantize_linear
-from converters.quantize.options import INT4, WEIGHT_BITS, QuantOptions, select_linears
+from converters.quantize.options import WEIGHT_BITS, QuantOptions, select_linears
 from converters.safetensors_writer import StreamingSafetensorsWriter
 from converters.sources import safetensors_header
 from engine_builder import __version__
@@ -105,7 +105,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             options.calib_samples or calibrate.DEFAULT_SAMPLES, options.calib_seq_len or calibrate.DEFAULT_SEQ_LEN,
             progress=(lambda done, total: progress("calibrating", done, total)) if progress else None)
         calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
-    scales = channel_scales(options.scheme, model, quantized, tensors.read, calib, options.group_size)
+    scales = channel_scales(options.scheme, model, quantized, tensors.read, calib, options.groups)
     folding = Folding(model, scales)
     activation_scales = input_scales(options.scheme, quantized, calib, scales)
 
@@ -117,7 +117,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     for out_name, src in plan:
         prefix = out_name.removesuffix(".weight")
         if prefix in quantized:
-            layout += linear_layout(prefix, *shapes[prefix], options.scheme, cfg.dtype, options.group_size)
+            layout += linear_layout(prefix, *shapes[prefix], options.scheme, cfg.dtype, options.groups)
         else:
             layout.append((out_name, cfg.dtype, tensors.shape(src)))
 
@@ -129,9 +129,9 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
                 w = tensors.read(src)  # [out, in] f32
                 w = folding.apply(src, w) if folding.touches(src) else w
                 if options.scheme == "int4_awq":
-                    w = clipped_weight(prefix, w, calib, scales, options.group_size)
-                arrays = quantize_linear(w, options.scheme, options.group_size, activation_scales.get(prefix))
-                parts = linear_layout(prefix, *w.shape, options.scheme, cfg.dtype, options.group_size)
+                    w = clipped_weight(prefix, w, calib, scales, options.groups)
+                arrays = quantize_linear(w, options.scheme, options.groups, activation_scales.get(prefix))
+                parts = linear_layout(prefix, *w.shape, options.scheme, cfg.dtype, options.groups)
                 for (name, dtype, _), array in zip(parts, arrays):
                     writer.append(name, _stored(array, dtype))
             elif folding.touches(src):
@@ -146,7 +146,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             shutil.copy2(extra, out_dir / extra.name)
     block = Quantization(
         scheme=options.scheme, weight_bits=WEIGHT_BITS.get(options.scheme),
-        group_size=options.group_size if options.scheme in INT4 else None,
+        group_size=options.groups,
         activation={"w8a8_sq": "int8", "fp8": "fp8"}.get(options.scheme, "none"), kv_cache=options.kv_cache,
         quantized=quantized, excluded=excluded, calibration=calibration)
     config = replace(cfg, quantization=block, num_tensors=len(layout), trtbuild_version=__version__)

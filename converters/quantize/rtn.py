@@ -24,8 +24,19 @@ def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def dequantize_int8_per_channel(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return q.astype(np.float32) * np.asarray(scale, np.float32)[:, None]  # [out, in]
+def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """q: int8 [out, in], scale [out] (per channel) or [out, in / g] (blocked) -> [out, in] f32."""
+    if np.ndim(scale) == 2:
+        return dequantize_blocked(q, scale)
+    return q.astype(np.float32) * np.asarray(scale, np.float32)[:, None]
+
+
+def quantize_int8_blocked(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """w: [out, in] float -> (q int8 [out, in], scale float32 [out, in / group_size]).
+
+    One scale per `group_size` consecutive input channels of a row (blocked DequantizeLinear along axis 1):
+    a group's few large weights then coarsen only their own group's grid, not the whole row's."""
+    return _quantize_blocked(w, group_size, INT8_MAX)
 
 
 def check_group_size(in_features: int, group_size: int, name: str = "weight") -> None:
@@ -39,18 +50,24 @@ def quantize_int4_blocked(w: np.ndarray, group_size: int) -> tuple[np.ndarray, n
 
     One scale per `group_size` consecutive input channels of a row (ONNX blocked
     DequantizeLinear along axis 1). Pack q with `pack_int4` for the checkpoint."""
+    return _quantize_blocked(w, group_size, INT4_MAX)
+
+
+def _quantize_blocked(w: np.ndarray, group_size: int, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric round-to-nearest in -qmax..qmax, one scale (amax / qmax) per group of input channels."""
     w = np.asarray(w, np.float32)
     out, inp = w.shape
     check_group_size(inp, group_size)
     groups = w.reshape(out, inp // group_size, group_size)  # [out, blocks, g]
     amax = np.abs(groups).max(axis=2)  # [out, blocks]
-    scale = np.where(amax > 0, amax / INT4_MAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(groups / scale[:, :, None]), -INT4_MAX, INT4_MAX).astype(np.int8)
+    scale = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
+    q = np.clip(np.rint(groups / scale[:, :, None]), -qmax, qmax).astype(np.int8)
     return q.reshape(out, inp), scale
 
 
-def dequantize_int4_blocked(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
-    """q: [out, in] int values (signed, or unsigned with `zero`), scale/zero: [out, blocks] -> [out, in] f32."""
+def dequantize_blocked(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
+    """q: [out, in] int values (signed, or unsigned with `zero`), scale/zero: [out, blocks] -> [out, in] f32.
+    Any bit width: int4 and blocked int8 dequantize alike."""
     out, inp = q.shape
     blocks = scale.shape[1]
     qf = q.reshape(out, blocks, inp // blocks).astype(np.float32)

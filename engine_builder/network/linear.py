@@ -5,11 +5,12 @@
                x' = DequantizeLinear(QuantizeLinear(x, s), s)    only with activation quantization
 
 The quantized weight stays [out, in] in rank0.safetensors and is referenced by byte offset:
-int8 per channel (DQ axis 0), int4 blocked (an INT4/UINT4 view of the packed bytes, DQ axis 1,
-block_size g), fp8 e4m3 per tensor. TensorRT-RTX 1.7 fuses DQ -> Transpose -> MatMul into one
-kernel (measured: one runtime_fusion "CastMulCastFc" layer per linear; it refuses a Transpose
-*before* the DQ, "Quantized constant ... is only allowed before DQ"). onnxruntime does not fuse
-the int4 form itself, so lower_ort_matmulnbits turns it into MatMulNBits for the onnxruntime twin.
+int8 per channel (DQ axis 0) or blocked (DQ axis 1, block_size g), int4 blocked (an INT4/UINT4
+view of the packed bytes, DQ axis 1, block_size g), fp8 e4m3 per tensor. TensorRT-RTX 1.7 fuses
+DQ -> Transpose -> MatMul into one kernel (measured: one runtime_fusion "CastMulCastFc" layer per
+linear; it refuses a Transpose *before* the DQ, "Quantized constant ... is only allowed before DQ").
+onnxruntime does not fuse the int4 form itself, so lower_ort_matmulnbits turns it into MatMulNBits
+for the onnxruntime twin.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def linear(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, prefix: str, bias
     kind = weight_kind(q)
     weight = w.stored(prefix + ".weight")  # [out, in] int8 / int4 / uint4 / fp8
     scale = w[prefix + ".weight_scale"]  # in the compute dtype, so DQ yields it
-    if kind == "int8":
+    if kind == "int8" and q.group_size is None:
         weight = b.op("DequantizeLinear", weight, scale, axis=0)  # scale [out]
-    elif kind == "int4":
+    elif kind in ("int8", "int4"):
         zero = w.stored(prefix + ".weight_zero") if q.zero_point else None
         weight = b.op("DequantizeLinear", weight, scale, zero, axis=1, block_size=q.group_size)  # scale [out, blocks]
     else:

@@ -36,7 +36,7 @@ def check_scheme(q: Quantization) -> None:
 
 
 def weight_kind(q: Quantization) -> str:
-    """'int8' (per channel), 'int4' (blocked) or 'fp8' (per tensor): what the stored weight is."""
+    """'int8' (per channel, or blocked with a group_size), 'int4' (blocked) or 'fp8' (per tensor)."""
     if q.scheme == "fp8":
         return "fp8"
     if q.weight_bits in (4, 8):
@@ -54,13 +54,10 @@ def quantized_layout(q: Quantization, prefix: str, out: int, inp: int) -> dict[s
         layout[".weight_scale"] = StoredLayout((F32,), ())
     elif kind == "int8":
         layout[".weight"] = StoredLayout((ir.DataType.INT8,), (out, inp))
-        layout[".weight_scale"] = StoredLayout(FLOATS, (out,))
+        scale_shape = (out,) if q.group_size is None else (out, _blocks(q, prefix, inp))
+        layout[".weight_scale"] = StoredLayout(FLOATS, scale_shape)
     else:
-        g = q.group_size
-        if not g or inp % g:
-            raise InputError(f"{prefix}: group_size {g} does not divide its {inp} input channels; re-run "
-                             f"`trtbuild convert --quant` with a --group-size that divides it")
-        blocks = inp // g
+        blocks = _blocks(q, prefix, inp)
         packed = ir.DataType.UINT4 if q.zero_point else ir.DataType.INT4
         layout[".weight"] = StoredLayout((ir.DataType.UINT8,), (out, inp // 2), packed, (out, inp))
         layout[".weight_scale"] = StoredLayout(FLOATS, (out, blocks))
@@ -75,3 +72,12 @@ def quantized_layout(q: Quantization, prefix: str, out: int, inp: int) -> dict[s
     if q.activation != "none":
         layout[".input_scale"] = StoredLayout((F32,), ())
     return {prefix + suffix: v for suffix, v in layout.items()}
+
+
+def _blocks(q: Quantization, prefix: str, inp: int) -> int:
+    """Scales per row of a blocked linear: its input channels / group_size, which must divide them."""
+    g = q.group_size
+    if not g or inp % g:
+        raise InputError(f"{prefix}: group_size {g} does not divide its {inp} input channels; re-run "
+                         f"`trtbuild convert --quant` with a --group-size that divides it")
+    return inp // g

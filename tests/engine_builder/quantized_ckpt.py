@@ -21,10 +21,11 @@ from safetensors.numpy import load_file, save_file
 from converters.quantize.fp8 import E4M3_MAX, quantize_fp8
 from converters.quantize.options import linear_prefixes
 from converters.quantize.rtn import (
-    dequantize_int4_blocked,
-    dequantize_int8_per_channel,
+    dequantize_blocked,
+    dequantize_int8,
     pack_int4,
     quantize_int4_blocked,
+    quantize_int8_blocked,
     quantize_int8_per_channel,
     unpack_int4,
 )
@@ -61,7 +62,8 @@ def quantize_checkpoint(src: Path, out: Path, scheme: str, group_size: int | Non
         if f.name not in ("config.json", WEIGHTS):
             shutil.copyfile(f, out / f.name)
     save_file(tensors, str(out / WEIGHTS))
-    quant = Quantization(scheme=scheme, group_size=group_size if SCHEMES[scheme].get("weight_bits") == 4 else None,
+    grouped = SCHEMES[scheme].get("weight_bits") == 4 or scheme == "int8_wo"
+    quant = Quantization(scheme=scheme, group_size=group_size if grouped else None,
                          quantized=tuple(prefixes), **SCHEMES[scheme])
     (out / "config.json").write_text(dataclasses.replace(ckpt, quantization=quant, num_tensors=len(tensors)).to_json())
     return out
@@ -71,7 +73,8 @@ def _quantize(p: str, w: np.ndarray, scheme: str, g: int | None, float_dtype: np
     """w: [out, in] float32 -> P.weight, P.weight_scale[, P.weight_zero][, P.input_scale] as FORMAT.md stores them."""
     kind = SCHEMES[scheme]
     if kind.get("weight_bits") == 8:
-        q, scale = quantize_int8_per_channel(w)  # [out, in] int8, [out]
+        # [out, in] int8, [out] (or [out, in/g] for blocked int8_wo)
+        q, scale = quantize_int8_blocked(w, g) if scheme == "int8_wo" and g else quantize_int8_per_channel(w)
         found = {".weight": q, ".weight_scale": scale.astype(float_dtype)}
     elif kind.get("zero_point"):
         q, scale, zero = quantize_uint4_asymmetric(w, g)
@@ -110,11 +113,11 @@ def dequantized_checkpoint(qckpt: Path, out: Path) -> Path:
                  if p + s in tensors}
         w, scale = found[".weight"], found[".weight_scale"].astype(np.float32)
         if w.dtype == np.int8:
-            w = dequantize_int8_per_channel(w, scale)
+            w = dequantize_int8(w, scale)
         elif w.dtype == np.uint8:
             n = w.shape[1] * 2
             zero = unpack_int4(found[".weight_zero"], scale.shape[1], signed=False) if q.zero_point else None
-            w = dequantize_int4_blocked(unpack_int4(w, n, signed=not q.zero_point), scale, zero)
+            w = dequantize_blocked(unpack_int4(w, n, signed=not q.zero_point), scale, zero)
         else:
             w = w.astype(np.float32) * scale
         tensors[p + ".weight"] = w.astype(np.float32)

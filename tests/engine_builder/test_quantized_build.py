@@ -21,7 +21,7 @@ from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
 from engine_builder.trt_build import TrtBuildOptions, build_engine
 
 # scheme, group, compute capabilities: fp8 needs FP8 tensor cores (8.9+); TensorRT-RTX refuses it for sm86
-SCHEMES = [("int8_wo", None, ("sm86",)), ("int4_wo", 32, ("sm86",)), ("w8a8_sq", None, ("sm86",)),
+SCHEMES = [("int8_wo", None, ("sm86",)), ("int8_wo", 32, ("sm86",)), ("int4_wo", 32, ("sm86",)), ("w8a8_sq", None, ("sm86",)),
            ("fp8", None, ("sm89",))]
 
 
@@ -69,7 +69,11 @@ def test_quantized_fp16_engine(checkpoint_dir, tmp_path, arch, scheme, group, cc
 @pytest.mark.parametrize(("scheme", "group", "ccs"), SCHEMES)
 def test_dequantize_fuses_into_the_matmul(checkpoint_dir, tmp_path, scheme, group, ccs):
     """What TensorRT-RTX made of each linear: one engine layer holding its DequantizeLinear (and the
-    activation's Q/DQ) together with the MatMul, not a dequantized weight written out first."""
+    activation's Q/DQ) together with the MatMul, not a dequantized weight written out first.
+
+    Except blocked int8: TensorRT-RTX 1.7 builds it, but as a dequantizing kernel ("ReplCastMulCast")
+    ahead of a float GEMM, so each step writes the float weight out; FORMAT.md and the README say to
+    keep int8 per channel for tensorrt. Asserted so that a TensorRT-RTX which fuses it shows up here."""
     qckpt, n = quantized_ckpt(checkpoint_dir, tmp_path, "llama", scheme, group)
     out = tmp_path / "engine"
     build(qckpt, out, BuildConfig(targets=("tensorrt",), limits=SMALL, compute_capabilities=ccs))
@@ -85,7 +89,8 @@ def test_dequantize_fuses_into_the_matmul(checkpoint_dir, tmp_path, scheme, grou
         matmul = next(use.node for use in dq.outputs[0].uses()).outputs[0].uses()[0].node  # DQ -> Transpose -> MatMul
         assert matmul.op_type == "MatMul"
         layers = report.layers_for(dq.name)
-        assert layers and all(matmul.name in layer.onnx_nodes for layer in layers), (dq.name, layers)
+        fused = [matmul.name in layer.onnx_nodes for layer in layers]
+        assert layers and fused == [scheme != "int8_wo" or group is None] * len(layers), (dq.name, layers)
 
 
 @pytest.mark.parametrize(("scheme", "group", "args", "needles"), [

@@ -1,7 +1,7 @@
 """lower_ort_matmulnbits(_exact): every quantized linear of a tiny model becomes one MatMulNBits.
 
 Checkpoints are quantized per FORMAT.md by tests/engine_builder/quantized_ckpt.py: int8 per
-channel, symmetric int4 (signed nibbles, rewritten XOR 0x88) and asymmetric uint4 with zero
+channel and per group, symmetric int4 (signed nibbles, rewritten XOR 0x88) and asymmetric uint4 with zero
 points (awq / gptq ingest, referenced in place).
 """
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine_builder"))
 from quantized_ckpt import quantize_checkpoint  # noqa: E402
 
 NBITS = "com.microsoft.MatMulNBits"
-SCHEMES = [("int8_wo", None), ("int4_wo", 32), ("awq", 16)]
+SCHEMES = [("int8_wo", None), ("int8_wo", 16), ("int4_wo", 32), ("awq", 16)]
 
 
 @pytest.fixture(scope="module")

@@ -44,12 +44,12 @@ def dequantized(ckpt: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         if block.scheme == "fp8":
             w = fp8.dequantize_fp8(q, float(scale))
         elif block.weight_bits == 8:
-            w = rtn.dequantize_int8_per_channel(q, scale)
+            w = rtn.dequantize_int8(q, scale)
         elif block.zero_point:  # ingested awq / gptq: uint4 codes and zeros
             zero = rtn.unpack_int4(tensors.pop(f"{prefix}.weight_zero"), scale.shape[1], signed=False)
-            w = rtn.dequantize_int4_blocked(rtn.unpack_int4(q, q.shape[1] * 2, signed=False), scale, zero)
+            w = rtn.dequantize_blocked(rtn.unpack_int4(q, q.shape[1] * 2, signed=False), scale, zero)
         else:
-            w = rtn.dequantize_int4_blocked(rtn.unpack_int4(q, q.shape[1] * 2), scale)
+            w = rtn.dequantize_blocked(rtn.unpack_int4(q, q.shape[1] * 2), scale)
         tensors[f"{prefix}.weight"] = w
         if f"{prefix}.input_scale" in tensors:
             input_scales[prefix] = float(tensors.pop(f"{prefix}.input_scale"))

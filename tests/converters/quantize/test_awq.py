@@ -10,7 +10,7 @@ from safetensors import safe_open
 from converters.quantize import calibration_text
 from converters.quantize.awq import CLIP_GRID, CLIP_STEPS, clip, output_error, search_clip, search_scales
 from converters.quantize.calibrate import collect
-from converters.quantize.rtn import dequantize_int4_blocked, quantize_int4_blocked
+from converters.quantize.rtn import dequantize_blocked, quantize_int4_blocked
 from engine_builder.errors import InputError
 
 GROUP = 64  # divides SmolLM2's 576 and 1536 input channels (128 does not divide 576)
@@ -28,7 +28,7 @@ def test_output_error_is_the_folded_linears_error():
     w, x = rng.standard_normal((32, 128)).astype(np.float32), rng.standard_normal((16, 128)).astype(np.float32)
     s = rng.uniform(0.5, 2, 128).astype(np.float32)
     q, scale = quantize_int4_blocked(w * s, GROUP)
-    graph_out = (x / s) @ dequantize_int4_blocked(q, scale).T  # [n, out]
+    graph_out = (x / s) @ dequantize_blocked(q, scale).T  # [n, out]
     want = np.mean(np.square((x @ w.T).astype(np.float64) - graph_out))
     assert np.isclose(output_error(w, x, s, GROUP), want, rtol=1e-4)
 
@@ -62,7 +62,7 @@ def test_group_size_must_divide_input_channels():
 def clipped_error(w: np.ndarray, x: np.ndarray, limits: np.ndarray | None) -> float:
     """Mean squared output error of int4 RTN of W, clamped to LIMITS first when given."""
     q, scale = quantize_int4_blocked(w if limits is None else clip(w, limits), GROUP)
-    diff = x @ (w - dequantize_int4_blocked(q, scale)).T
+    diff = x @ (w - dequantize_blocked(q, scale)).T
     return float(np.mean(np.square(diff, dtype=np.float64)))
 
 

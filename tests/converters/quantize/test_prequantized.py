@@ -115,10 +115,10 @@ def canonical_dequant(ckpt: Path, prefix: str, zero_point: bool) -> np.ndarray:
         inp = packed.shape[1] * 2
         if not zero_point:
             assert f"{prefix}.weight_zero" not in f.keys()
-            return rtn.dequantize_int4_blocked(rtn.unpack_int4(packed, inp), scale)
+            return rtn.dequantize_blocked(rtn.unpack_int4(packed, inp), scale)
         zero = f.get_tensor(f"{prefix}.weight_zero")
         assert zero.dtype == np.uint8 and zero.shape == (packed.shape[0], (scale.shape[1] + 1) // 2)
-        return rtn.dequantize_int4_blocked(rtn.unpack_int4(packed, inp, signed=False), scale,
+        return rtn.dequantize_blocked(rtn.unpack_int4(packed, inp, signed=False), scale,
                                            rtn.unpack_int4(zero, scale.shape[1], signed=False))
 
 

@@ -33,8 +33,9 @@ def calibrated(tiny_model_dir, tmp_path_factory):
     convert(hf, ckpts["float32"], dtype="float32")
     for scheme in ("int4_wo", "int4_awq", "w8a8_sq", "fp8"):
         calib = {"calib": text, "calib_samples": SAMPLES, "calib_seq_len": SEQ_LEN} if scheme != "int4_wo" else {}
+        group = {"group_size": GROUP} if scheme.startswith("int4") else {}
         ckpts[scheme] = root / scheme
-        convert(hf, ckpts[scheme], quant=scheme, group_size=GROUP, **calib)
+        convert(hf, ckpts[scheme], quant=scheme, **group, **calib)
     return hf, text, ckpts
 
 

@@ -21,33 +21,37 @@ LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
 GROUP = 32  # divides the tiny models' hidden (64), intermediate (96) and q (64 / 128) sizes
 
 
-def dequantize(tensors: dict[str, np.ndarray], prefix: str, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+def dequantize(tensors: dict[str, np.ndarray], prefix: str, scheme: str,
+               group: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(dequantized weight [out, in], the scale of each element's group [out, in]) of linear `prefix`."""
     q, scale = tensors[f"{prefix}.weight"], tensors[f"{prefix}.weight_scale"]
-    if scheme == "int8_wo":
+    if scheme == "int8_wo" and group is None:
         assert q.dtype == np.int8 and scale.shape == (q.shape[0],)
-        return rtn.dequantize_int8_per_channel(q, scale), np.broadcast_to(scale[:, None], q.shape)
+        return rtn.dequantize_int8(q, scale), np.broadcast_to(scale[:, None], q.shape)
+    if scheme == "int8_wo":
+        assert q.dtype == np.int8 and scale.shape == (q.shape[0], q.shape[1] // group)
+        return rtn.dequantize_int8(q, scale), np.repeat(scale, group, axis=1)
     assert q.dtype == np.uint8
     inp = q.shape[1] * 2
     assert scale.shape == (q.shape[0], inp // GROUP)
     codes = rtn.unpack_int4(q, inp)  # [out, in] -7..7
     assert codes.min() >= -rtn.INT4_MAX and codes.max() <= rtn.INT4_MAX
-    return rtn.dequantize_int4_blocked(codes, scale), np.repeat(scale, GROUP, axis=1)
+    return rtn.dequantize_blocked(codes, scale), np.repeat(scale, GROUP, axis=1)
 
 
-@pytest.mark.parametrize("scheme", ["int8_wo", "int4_wo"])
+@pytest.mark.parametrize(("scheme", "group"), [("int8_wo", None), ("int8_wo", GROUP), ("int4_wo", GROUP)])
 @pytest.mark.parametrize("arch", ["llama", "llama_tied", "gemma2"])
-def test_rtn_checkpoint_dequantizes_within_half_a_step(arch, scheme, tiny_model_dir, tmp_path):
+def test_rtn_checkpoint_dequantizes_within_half_a_step(arch, scheme, group, tiny_model_dir, tmp_path):
     hf = tiny_model_dir(arch)
     convert(hf, tmp_path / "fp", dtype="float32")
-    result = convert(hf, tmp_path / "q", quant=scheme, group_size=GROUP)
+    result = convert(hf, tmp_path / "q", quant=scheme, group_size=group)
     cfg = CheckpointConfig.load(tmp_path / "q")
     fp, q = read_checkpoint(tmp_path / "fp"), read_checkpoint(tmp_path / "q")
     linears = tuple(f"layers.{i}.{p}" for i in range(cfg.model.num_layers) for p in LINEARS) + ("lm_head",)
 
     block = cfg.quantization
     assert (block.scheme, block.weight_bits, block.group_size, block.zero_point, block.activation) == (
-        scheme, 8 if scheme == "int8_wo" else 4, GROUP if scheme == "int4_wo" else None, False, "none")
+        scheme, 8 if scheme == "int8_wo" else 4, group, False, "none")
     assert block.quantized == linears and block.excluded == () and block.calibration is None
     assert cfg.dtype == "float32" and cfg.num_tensors == len(q) == result.tensors
     assert result.quantization == scheme and result.quantized == len(linears)
@@ -61,7 +65,7 @@ def test_rtn_checkpoint_dequantizes_within_half_a_step(arch, scheme, tiny_model_
     for prefix in linears:
         w = fp["embed.weight" if prefix == "lm_head" and cfg.model.tie_word_embeddings else f"{prefix}.weight"]
         assert q[f"{prefix}.weight_scale"].dtype == np.float32
-        deq, step = dequantize(q, prefix, scheme)
+        deq, step = dequantize(q, prefix, scheme, group)
         assert deq.shape == w.shape
         # round to nearest: never more than half a quantization step away, and the step is amax / qmax
         assert np.all(np.abs(deq - w) <= step * (0.5 + 1e-5)), prefix

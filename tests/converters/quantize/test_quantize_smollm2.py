@@ -14,7 +14,8 @@ from converters.quantize.quantized_checkpoint import FloatTensors, quantize_chec
 from engine_builder.memory import PeakRss
 
 
-@pytest.mark.parametrize(("scheme", "group_size", "max_ratio"), [("int8_wo", 128, 0.47), ("int4_wo", 64, 0.36)])
+@pytest.mark.parametrize(("scheme", "group_size", "max_ratio"), [("int8_wo", None, 0.47), ("int8_wo", 32, 0.5),
+                                                                 ("int4_wo", 64, 0.36)])
 def test_smollm2_quantizes_in_bounded_memory(smollm2_ckpt, tmp_path, scheme, group_size, max_ratio):
     fp = FloatTensors(smollm2_ckpt / "rank0.safetensors")
     largest = max(math.prod(shape) * 4 for _, shape, _, _ in fp.meta.values())  # the 49152 x 576 embedding
@@ -29,10 +30,11 @@ def test_smollm2_quantizes_in_bounded_memory(smollm2_ckpt, tmp_path, scheme, gro
     q = read_checkpoint(tmp_path)
     w = fp.read("layers.29.mlp.down.weight")  # [576, 1536]
     if scheme == "int8_wo":
-        deq = rtn.dequantize_int8_per_channel(q["layers.29.mlp.down.weight"], q["layers.29.mlp.down.weight_scale"])
-        step = np.abs(w).max(axis=1, keepdims=True) / rtn.INT8_MAX
+        scale = q["layers.29.mlp.down.weight_scale"]  # [576] per channel, [576, 48] per group of 32
+        deq = rtn.dequantize_int8(q["layers.29.mlp.down.weight"], scale)
+        step = scale[:, None] if group_size is None else np.repeat(scale, group_size, axis=1)
     else:
         scale = q["layers.29.mlp.down.weight_scale"]
-        deq = rtn.dequantize_int4_blocked(rtn.unpack_int4(q["layers.29.mlp.down.weight"], w.shape[1]), scale)
+        deq = rtn.dequantize_blocked(rtn.unpack_int4(q["layers.29.mlp.down.weight"], w.shape[1]), scale)
         step = np.repeat(scale, group_size, axis=1)
     assert np.all(np.abs(deq - w) <= step * (0.5 + 1e-5))

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from converters.quantize import calibration_text
 from converters.quantize.calibrate import collect
-from converters.quantize.rtn import INT8_MAX, dequantize_int8_per_channel, quantize_int8_per_channel
+from converters.quantize.rtn import INT8_MAX, dequantize_int8, quantize_int8_per_channel
 from converters.quantize.smoothquant import MIN_SCALE, activation_scale, smooth_scales
 from engine_builder.errors import InputError
 
@@ -19,7 +19,7 @@ def w8a8_error(x: np.ndarray, w: np.ndarray, x_absmax: np.ndarray, scales: np.nd
     xs = x / scales  # [n, in]
     x_scale = activation_scale(x_absmax, scales)
     x_q = np.clip(np.rint(xs / x_scale), -INT8_MAX, INT8_MAX) * x_scale
-    w_q = dequantize_int8_per_channel(*quantize_int8_per_channel(w * scales))  # [out, in]
+    w_q = dequantize_int8(*quantize_int8_per_channel(w * scales))  # [out, in]
     want = x @ w.T  # [n, out]
     return float(np.linalg.norm(x_q @ w_q.T - want) / np.linalg.norm(want))
 
