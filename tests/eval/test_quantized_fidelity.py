@@ -2,13 +2,17 @@
 
 SmolLM2-135M fp32 checkpoint -> quantize_checkpoint (what `convert --quant` runs) -> `build` of the
 onnxruntime float32 twin (MatMulNBits at the manifest's accuracy level) -> `evaluate` against the
-fp32 engine on the shipped eval text. Group 64: SmolLM2's hidden size 576 is not a multiple of 128.
-lm_head stays float (`--exclude lm_head`): it is the tied embedding, and quantizing it costs more
-fidelity than any other linear on this model (measured, see the README's quantization table).
+fp32 engine on the shipped eval text. Groups of 32 or 64: SmolLM2's hidden size 576 is not a
+multiple of 128. lm_head stays float (`--exclude lm_head`): it is the tied embedding, and
+quantizing it costs more fidelity than any other linear on this model.
 
 The bounds below are the measured figures (README, "Quantization") with a small margin: they
 guard against regressions, they are NOT issue 6's targets, which int8_wo (top-1 >= 0.99) and
-int4_awq (ppl within 5% of fp32) do not meet yet on this model; the README says by how much.
+int4_awq (ppl within 5% of fp32) do not meet on this model; the README says by how much and how
+llama.cpp's own requantization of the same model compares (benchmarks/quant_fidelity.py). Why they
+are out of reach here: the "fp32" SmolLM2 is the dequantized Q4_1 GGUF, so every int4 scheme
+re-quantizes weights that already sit on another 4-bit grid, and on this text 5% of positions have
+their top two logits within 0.05 of each other, so any perturbation flips some argmaxes.
 """
 
 from __future__ import annotations
@@ -26,31 +30,32 @@ from engine_builder.eval import evaluate
 
 EVAL_TOKENS = 512
 CONTEXT = 128  # 4 windows side by side in the 4 KV slots of the test engines
-GROUP = 64
-# measured at EVAL_TOKENS / CONTEXT: int8_wo top-1 0.949, ppl ratio 1.012; int4_awq ppl ratio 1.289
-# (int4_wo 1.468); w8a8_sq 1.470; fp8 (float16 twin) 1.052, top-1 0.880
+# measured at EVAL_TOKENS / CONTEXT (top-1, KL, ppl / fp32 ppl):
+#   int8_wo per channel 0.949 0.0085 1.012; int8_wo g32 0.951 0.0057 1.001
+#   int4_wo g32 0.569 0.550 1.462; int4_awq g32 0.756 0.250 1.221; int4_awq g64 0.703 0.320 1.289
+#   w8a8_sq 1.470; fp8 (float16 twin) 1.052
 INT8_MIN_TOP1 = 0.94
 INT8_MAX_PPL_RATIO = 1.03
-INT4_AWQ_MAX_PPL_RATIO = 1.35
+INT4_AWQ_MAX_PPL_RATIO = {32: 1.26, 64: 1.33}
 W8A8_MAX_PPL_RATIO = 1.55
 FP8_MAX_PPL_RATIO = 1.08
 
 
 @pytest.fixture(scope="module")
 def quantized(smollm2_ckpt, tmp_path_factory):
-    """scheme -> (checkpoint dir, onnxruntime engine dir), made once per scheme."""
+    """(scheme, group) -> (checkpoint dir, onnxruntime engine dir), made once each."""
     made = {}
 
-    def get(scheme: str):
-        if scheme not in made:
-            root = tmp_path_factory.mktemp(f"smollm2-{scheme}")
+    def get(scheme: str, group: int | None = None):
+        if (scheme, group) not in made:
+            root = tmp_path_factory.mktemp(f"smollm2-{scheme}-{group}")
             ckpt = root / "ckpt"
             ckpt.mkdir()
-            quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, GROUP, exclude=("lm_head",)))
+            quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, group, exclude=("lm_head",)))
             # fp8 needs a float16 twin: onnxruntime's float32 kernels refuse FP8 Q/DQ
             dtype = "float16" if scheme == "fp8" else "float32"
-            made[scheme] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
-        return made[scheme]
+            made[scheme, group] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
+        return made[scheme, group]
 
     return get
 
@@ -59,27 +64,38 @@ def quantized(smollm2_ckpt, tmp_path_factory):
 def fidelity(quantized, smollm2_engine):
     scores = {}
 
-    def get(scheme: str):
-        if scheme not in scores:
-            scores[scheme] = evaluate(quantized(scheme)[1], reference=smollm2_engine, max_tokens=EVAL_TOKENS,
-                                      context=CONTEXT, backend="onnxruntime")
-        return scores[scheme]
+    def get(scheme: str, group: int | None = None):
+        if (scheme, group) not in scores:
+            scores[scheme, group] = evaluate(quantized(scheme, group)[1], reference=smollm2_engine,
+                                             max_tokens=EVAL_TOKENS, context=CONTEXT, backend="onnxruntime")
+        return scores[scheme, group]
 
     return get
 
 
-def test_int8_weight_only_agrees_with_fp32(fidelity):
-    result = fidelity("int8_wo")
+@pytest.mark.parametrize("group", [None, 32])
+def test_int8_weight_only_agrees_with_fp32(fidelity, group):
+    result = fidelity("int8_wo", group)
     print(json.dumps(result.to_json()))
     assert result.top1_agreement >= INT8_MIN_TOP1, result
     assert result.ppl <= result.reference_ppl * INT8_MAX_PPL_RATIO, result
 
 
-def test_int4_awq_beats_round_to_nearest(fidelity):
-    awq, rtn = fidelity("int4_awq"), fidelity("int4_wo")
+def test_int8_groups_beat_one_scale_per_channel(fidelity):
+    grouped, per_channel = fidelity("int8_wo", 32), fidelity("int8_wo")
+    assert grouped.kl < per_channel.kl and grouped.ppl < per_channel.ppl, (grouped, per_channel)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_awq_beats_round_to_nearest(fidelity, group):
+    awq, rtn = fidelity("int4_awq", group), fidelity("int4_wo", group)
     print(json.dumps({"int4_awq": awq.to_json(), "int4_wo": rtn.to_json()}))
     assert awq.ppl < rtn.ppl and awq.kl < rtn.kl, (awq, rtn)
-    assert awq.ppl <= awq.reference_ppl * INT4_AWQ_MAX_PPL_RATIO, awq
+    assert awq.ppl <= awq.reference_ppl * INT4_AWQ_MAX_PPL_RATIO[group], awq
+
+
+def test_smaller_int4_groups_are_closer(fidelity):
+    assert fidelity("int4_awq", 32).kl < fidelity("int4_awq", 64).kl
 
 
 @pytest.mark.parametrize(("scheme", "max_ratio"), [("w8a8_sq", W8A8_MAX_PPL_RATIO), ("fp8", FP8_MAX_PPL_RATIO)])
@@ -90,7 +106,7 @@ def test_activation_quantized_schemes_stay_within_their_bounds(fidelity, scheme,
 
 
 def test_int4_awq_builds_a_tensorrt_engine(quantized, tmp_path):
-    ckpt, _ = quantized("int4_awq")
+    ckpt, _ = quantized("int4_awq", 64)
     out = tmp_path / "trt"
     result = build(ckpt, out, BuildConfig(targets=("tensorrt",), dtype="float16", compute_capabilities=("sm86",),
                                           limits=Limits(max_batch=1, max_input_len=64, max_seq_len=128)))
