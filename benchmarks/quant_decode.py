@@ -1,15 +1,16 @@
 """Decode speed and size per quantization scheme, against llama.cpp on the same model's GGUF.
 
-    .venv/bin/python benchmarks/quant_decode.py [--runs 3] [--new-tokens 128] [--schemes fp32 int8_wo int4_awq]
+    .venv/bin/python benchmarks/quant_decode.py [--runs 3] [--new-tokens 128] [--schemes fp32 int8_wo int4_awq ...]
                                                 [--threads N] [--work build/bench-quant] [--json]
 
-SmolLM2-135M-Instruct from the bundled GGUF (Q4_1). Each scheme is converted (`convert --quant`,
-group 64, lm_head kept float as in tests/eval/test_quantized_fidelity.py) and built as an
-onnxruntime engine; decode tok/s at batch 1 is generated tokens / wall time of one greedy
-generate call of --new-tokens tokens (prefill included, EOS ignored). llama.cpp (`llama-cpp-python`,
-installed by `make bench-install`) runs the bundled Q4_1 GGUF itself with the same prompt, the same
-thread count and the same number of tokens, sampled greedily. Each run
-alternates the contenders so load from elsewhere hits all alike; figures are medians over --runs.
+SmolLM2-135M-Instruct from the bundled GGUF (Q4_1). Each variant (benchmarks/smollm2_quant.py: the
+scheme and its group size, lm_head kept float as in tests/eval/test_quantized_fidelity.py) is
+converted (`convert --quant`) and built as an onnxruntime engine; decode tok/s at batch 1 is
+generated tokens / wall time of one greedy generate call of --new-tokens tokens (prefill included,
+EOS ignored). llama.cpp (`llama-cpp-python`, installed by `make bench-install`) runs the bundled
+Q4_1 GGUF itself with the same prompt, the same thread count and the same number of tokens,
+sampled greedily. Each run alternates the contenders so load from elsewhere hits all alike; figures
+are medians over --runs.
 
 Also printed: each scheme's checkpoint size (rank0.safetensors) and engine-dir size, counting
 only files the engine dir holds itself (the checkpoint's weights are hard-linked, not copied).
@@ -26,21 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from smollm2_quant import VARIANTS, checkpoint  # noqa: E402
+
 PROMPT = "The capital of France is"
-SCHEMES = {"fp32": "none", "int8_wo": "int8_wo", "int4_wo": "int4_wo", "int4_awq": "int4_awq"}
 
 
-def engine_dir(work: Path, scheme: str, new_tokens: int) -> tuple[Path, Path]:
-    from converters.convert import convert
+def engine_dir(work: Path, variant: str, new_tokens: int) -> tuple[Path, Path]:
     from engine_builder.build import build
     from engine_builder.build_config import BuildConfig, Limits
-    from engine_builder.bundled import smollm2_gguf
 
-    ckpt, out = work / f"ckpt-{scheme}", work / f"engine-{scheme}-s{64 + new_tokens}"
-    if not ckpt.exists():
-        # as the fidelity tests measure them: group 64 (576 inputs are not a multiple of 128), lm_head float
-        quantized = {} if scheme == "fp32" else {"group_size": 64, "exclude": ["lm_head"]}
-        convert(smollm2_gguf(), ckpt, dtype="float32", quant=SCHEMES[scheme], **quantized)
+    ckpt, out = checkpoint(work, variant), work / f"engine-{variant}-s{64 + new_tokens}"
     if not out.exists():
         limits = Limits(max_batch=1, max_input_len=64, max_seq_len=64 + new_tokens)
         build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
@@ -78,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--schemes", nargs="+", default=["fp32", "int8_wo", "int4_awq"], choices=sorted(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=["fp32", "int8_wo", "int4_awq"], choices=sorted(VARIANTS))
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for all (default: physical cores)")
     parser.add_argument("--work", type=Path, default=Path("build/bench-quant"))
     parser.add_argument("--json", action="store_true")

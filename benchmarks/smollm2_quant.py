@@ -1,0 +1,33 @@
+"""The SmolLM2-135M quantization variants the quantization benchmarks compare, made once per work dir.
+
+Group sizes are SmolLM2's: its hidden size 576 is a multiple of 64 and 32, not of 128. lm_head stays
+float (`--exclude lm_head`), as in tests/eval/test_quantized_fidelity.py: it is the tied embedding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# variant -> (--quant, --group-size)
+VARIANTS: dict[str, tuple[str, int | None]] = {
+    "fp32": ("none", None),
+    "int8_wo": ("int8_wo", None),  # one scale per output channel
+    "int8_wo_g32": ("int8_wo", 32),
+    "int4_wo": ("int4_wo", 64),
+    "int4_wo_g32": ("int4_wo", 32),
+    "int4_awq": ("int4_awq", 64),
+    "int4_awq_g32": ("int4_awq", 32),
+}
+
+
+def checkpoint(work: Path, variant: str) -> Path:
+    """WORK/ckpt-VARIANT, converted from the bundled GGUF unless it is already there."""
+    from converters.convert import convert
+    from engine_builder.bundled import smollm2_gguf
+
+    ckpt = work / f"ckpt-{variant}"
+    if not ckpt.exists():
+        quant, group = VARIANTS[variant]
+        options = {} if quant == "none" else {"group_size": group, "exclude": ["lm_head"]}
+        convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, **options)
+    return ckpt
