@@ -114,10 +114,10 @@ def main() -> None:
         print(json.dumps({"threads": threads, "new_tokens": args.new_tokens, "runs": args.runs, "results": rows}))
         return
     print(f"SmolLM2-135M decode, batch 1, {args.new_tokens} tokens, {threads} threads, median of {args.runs}")
-    print(f"{'':<10} {'tok/s':>8} {'vs llama.cpp':>13} {'ckpt MB':>9} {'engine MB':>10}")
+    print(f"{'':<13} {'tok/s':>8} {'vs llama.cpp':>13} {'ckpt MB':>9} {'engine MB':>10}")
     for s, r in rows.items():
         engine_mb = "-" if r["engine_dir_own_mb"] is None else f"{r['engine_dir_own_mb']:.1f}"
-        print(f"{s:<10} {r['tok_s']:>8.1f} {r['vs_llama_cpp']:>12.2f}x {r['checkpoint_mb']:>9.1f} {engine_mb:>10}")
+        print(f"{s:<13} {r['tok_s']:>8.1f} {r['vs_llama_cpp']:>12.2f}x {r['checkpoint_mb']:>9.1f} {engine_mb:>10}")
 
 
 if __name__ == "__main__":

@@ -128,10 +128,10 @@ def main() -> None:
         return
     print(f"SmolLM2-135M on the shipped eval text, {args.max_tokens} tokens in windows of {args.context}; "
           f"references: our fp32 engine / llama.cpp's Q4_1 original")
-    print(f"{'':<14} {'ppl ratio':>9} {'KL':>8} {'top-1':>7}   KL vs llama.cpp")
+    print(f"{'':<17} {'ppl ratio':>9} {'KL':>8} {'top-1':>7}   KL vs llama.cpp")
     for name, r in {**rows, **{f"llama.cpp {k}": v for k, v in theirs.items()}}.items():
         versus = f"   {r['kl_vs_llama_cpp']:.2f}x {r['vs']}" if "vs" in r else ""
-        print(f"{name:<14} {r['ppl_ratio']:>9.3f} {r['kl']:>8.4f} {r['top1']:>7.3f}{versus}")
+        print(f"{name:<17} {r['ppl_ratio']:>9.3f} {r['kl']:>8.4f} {r['top1']:>7.3f}{versus}")
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def _quantization(checkpoint: CheckpointConfig, ort_model: Path) -> dict[str, An
 
     meta = {p.key: p.value for p in onnx.load(str(ort_model), load_external_data=False).metadata_props}
     level = meta.get(ACCURACY_META)  # one level per graph: it follows the activation dtype
-    return {"scheme": checkpoint.quantization.scheme, "onnxruntime_accuracy_level": int(level) if level else None}
+    return {"scheme": checkpoint.quantization.scheme, "kv_cache": checkpoint.quantization.kv_cache,
+            "onnxruntime_accuracy_level": int(level) if level else None}
 
 
 def _manifest(checkpoint: CheckpointConfig, config: BuildConfig, result: BuildResult) -> dict[str, Any]:

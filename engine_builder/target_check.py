@@ -42,12 +42,17 @@ def check_quantized_build(quantization: Quantization, targets: Sequence[str], dt
     The onnxruntime twin is always built, so its limits hold whatever the targets."""
     q = quantization
     fp8 = q.scheme == "fp8" or q.activation == "fp8"
-    if q.kv_cache != "none":
+    if q.kv_cache != "none" and "tensorrt" in targets:
         # measured: its KV_CACHE_UPDATE layer says "cache has type Int8 (FP8) but must have type Float,
         # Half, or BFloat16", and a copying ScatterND would cost more than the smaller cache saves
         raise UnsupportedError(
-            f"a {q.kv_cache} KV cache is not supported: TensorRT-RTX updates only float16/bfloat16/float32 caches "
-            f"in place; convert again with --kv-cache none (the weights stay quantized)")
+            f"an {q.kv_cache} KV cache cannot build for --target tensorrt: TensorRT-RTX updates only "
+            f"float16/bfloat16/float32 caches in place; build with --target onnxruntime, or convert again with "
+            f"--kv-cache none (the weights stay quantized)")
+    if q.kv_cache != "none" and dtype != "float32":
+        # onnxruntime's CPU GroupQueryAttention reads an int8 cache only with float32 q/k/v
+        raise UnsupportedError(f"an {q.kv_cache} KV cache needs --dtype float32 (onnxruntime's int8-cache attention "
+                               f"takes float32 activations); build with --dtype float32")
     if q.zero_point and "tensorrt" in targets:
         raise UnsupportedError(
             f"{q.scheme} int4 with zero points cannot build for --target tensorrt (TensorRT refuses int4 zero "

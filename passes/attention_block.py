@@ -6,6 +6,8 @@ After the fusion passes, each layer's attention reads (see engine_builder/networ
     v4 = Transpose(v_heads, [0, 2, 1, 3])
     present_key = TensorScatter(past_key, k4, past_lengths, axis=-2)     # graph input -> graph output
     out = Attention(q4, present_key, present_value, mask, scale, softcap)
+or, with an int8 cache (engine_builder/network/kv_quant.py), k4 quantized before the write and
+present_key dequantized before the Attention.
 with `mask` the emitter's additive causal mask over cache slots (optionally a sliding window).
 Lowering passes replace the whole block by one backend op, which is only exact when the mask
 is exactly that causal (+ window) mask, so the mask is traced back to past_lengths here too.
@@ -41,6 +43,17 @@ class Rotary:
 
 
 @dataclass(frozen=True)
+class CacheQuant:
+    """An int8 KV cache (engine_builder/network/kv_quant.py): what the cache stores is
+    Cast(Clip(Round(x / scale), low, high), int8), and attention reads Cast(stored, float) * scale."""
+
+    k_scale: ir.Value  # [1, kv_heads, 1, head_dim] float32
+    v_scale: ir.Value
+    low: ir.Value  # the Clip bounds, float32 scalars
+    high: ir.Value
+
+
+@dataclass(frozen=True)
 class AttentionBlock:
     attention: ir.Node
     q_heads: ir.Value  # [batch, seq, heads, head_dim]
@@ -58,6 +71,7 @@ class AttentionBlock:
     scale: float
     softcap: float
     window: int | None  # sliding window in transformers' sense: slot j visible iff j > p - window
+    cache_quant: CacheQuant | None = None  # None: the cache holds the compute dtype
 
 
 def _producer(value: ir.Value | None, op_type: str, what: str) -> ir.Node:
@@ -99,6 +113,26 @@ def _cache_write(present: ir.Value, graph: ir.Graph, what: str) -> tuple[ir.Valu
     if len(past.uses()) != 1:  # the buffer is updated in place: nobody else may read it
         raise NoMatch(f"{past.name} has readers besides its cache write")
     return past, update, lengths
+
+
+def _dequantized(value: ir.Value) -> tuple[ir.Value, ir.Value | None]:
+    """value = Mul(Cast(stored int8, to=float), scale) -> (stored, scale); any other value -> (value, None)."""
+    mul = value.producer()
+    cast = mul.inputs[0].producer() if mul is not None and mul.op_type == "Mul" else None
+    if cast is None or cast.op_type != "Cast" or cast.inputs[0].dtype != ir.DataType.INT8:
+        return value, None
+    return cast.inputs[0], mul.inputs[1]
+
+
+def _quantized(update: ir.Value, scale: ir.Value, what: str) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """update = Cast(Clip(Round(Div(x, scale)), low, high), to=int8) -> (x, low, high)."""
+    cast = _producer(update, "Cast", f"{what}'s int8 cache write")
+    clip = _producer(cast.inputs[0], "Clip", f"{what}'s int8 cache write")
+    div = _producer(_producer(clip.inputs[0], "Round", f"{what}'s int8 cache write").inputs[0], "Div",
+                    f"{what}'s int8 cache write")
+    if div.inputs[1] is not scale or len(clip.inputs) != 3:
+        raise NoMatch(f"{what} is quantized into the cache with another scale than it is read with")
+    return div.inputs[0], clip.inputs[1], clip.inputs[2]
 
 
 def _query_positions(value: ir.Value, past_lengths: ir.Value) -> None:
@@ -159,11 +193,22 @@ def find_attention_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
             raise NoMatch(f"Attention sets {name}; expected 4-D q/k/v with an additive mask")
     if _attr(node, "softmax_precision", ir.DataType.FLOAT) != ir.DataType.FLOAT:
         raise NoMatch("Attention takes its softmax below float32")
-    query, present_key, present_value, mask = inputs
+    query, cached_key, cached_value, mask = inputs
+    present_key, k_scale = _dequantized(cached_key)
+    present_value, v_scale = _dequantized(cached_value)
     past_key, k4, past_lengths = _cache_write(present_key, graph, "present key")
     past_value, v4, lengths_v = _cache_write(present_value, graph, "present value")
     if lengths_v is not past_lengths:
         raise NoMatch("key and value are written at different offsets")
+    cache_quant = None
+    if (k_scale is None) != (v_scale is None):
+        raise NoMatch("only one of the key and value caches is int8")
+    if k_scale is not None:
+        k4, low, high = _quantized(k4, k_scale, "key")
+        v4, v_low, v_high = _quantized(v4, v_scale, "value")
+        if (v_low, v_high) != (low, high):
+            raise NoMatch("key and value are clipped to different int8 ranges")
+        cache_quant = CacheQuant(k_scale, v_scale, low, high)
     q_heads, q_rotary = _bhsd_input(query, "query")
     k_heads, k_rotary = _bhsd_input(k4, "key")
     v_heads, v_rotary = _bhsd_input(v4, "value")
@@ -186,4 +231,4 @@ def find_attention_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
     return AttentionBlock(node, q_heads, k_heads, v_heads, rotary, past_key, past_value, present_key,
                           present_value, past_lengths, heads=q_shape[2], kv_heads=shape[1], head_dim=head_dim,
                           scale=float(_attr(node, "scale", head_dim ** -0.5)),
-                          softcap=float(_attr(node, "softcap", 0.0)), window=window)
+                          softcap=float(_attr(node, "softcap", 0.0)), window=window, cache_quant=cache_quant)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from engine_builder.network import kv_quant
 from passes.attention_block import BHSD, AttentionBlock, NoMatch, find_attention_block
 from passes.base import Pass, register_pass
 
@@ -121,7 +122,9 @@ def _output_tail(block: AttentionBlock) -> ir.Value | None:
 
 
 def _check(block: AttentionBlock) -> None:
-    dtype = block.past_key.dtype
+    dtype = block.q_heads.dtype
+    if block.cache_quant is not None and dtype != ir.DataType.FLOAT:
+        raise NoMatch(f"onnxruntime's CPU GroupQueryAttention reads an int8 cache with float32 q/k/v only, not {dtype}")
     if dtype not in GQA_DTYPES:
         raise NoMatch(f"onnxruntime's CPU GroupQueryAttention has no {dtype} kernel (float32/float16 only)")
     if block.head_dim % 8:
@@ -145,18 +148,31 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         gqa_attrs["softcap"] = b.softcap
     if b.window is not None:
         gqa_attrs["local_window_size"] = b.window
+    scales: list[ir.Value | None] = []
+    if b.cache_quant is not None:  # inputs 12 and 13 of GQA; 7-11 (rotary tables ... head_sink) stay empty
+        scales = [None] * 5 + [b.cache_quant.k_scale, b.cache_quant.v_scale]
+        gqa_attrs |= {"kv_cache_bit_width": 8, "k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL"}
     fast_out = fast.op("GroupQueryAttention", q3, k3, v3, b.past_key, b.past_value, step.seqlens_k, step.total,
-                       domain=MS_DOMAIN, num_outputs=3, **gqa_attrs)
+                       *scales, domain=MS_DOMAIN, num_outputs=3, **gqa_attrs)
 
     slow = _Emitter(graph, f"{e.prefix}/fallback")
 
     def bhsd(x: ir.Value, n: int) -> ir.Value:
         return slow.op("Transpose", slow.op("Reshape", x, e.ints([0, 0, n, dim])), perm=BHSD)
 
-    keys = slow.op("TensorScatter", b.past_key, bhsd(k3, kv_heads), b.past_lengths, axis=-2, mode="linear")
-    values = slow.op("TensorScatter", b.past_value, bhsd(v3, kv_heads), b.past_lengths, axis=-2, mode="linear")
+    new_keys, new_values = bhsd(k3, kv_heads), bhsd(v3, kv_heads)
+    quant = b.cache_quant
+    if quant is not None:
+        new_keys = kv_quant.quantize(slow.op, new_keys, quant.k_scale, quant.low, quant.high)
+        new_values = kv_quant.quantize(slow.op, new_values, quant.v_scale, quant.low, quant.high)
+    keys = slow.op("TensorScatter", b.past_key, new_keys, b.past_lengths, axis=-2, mode="linear")
+    values = slow.op("TensorScatter", b.past_value, new_values, b.past_lengths, axis=-2, mode="linear")
+    read_keys, read_values = keys, values
+    if quant is not None:
+        read_keys, read_values = kv_quant.dequantize(slow.op, keys, quant.k_scale), \
+            kv_quant.dequantize(slow.op, values, quant.v_scale)
     attn_attrs = {k: a.value for k, a in b.attention.attributes.items()}
-    attn = slow.op("Attention", bhsd(q3, heads), keys, values, b.attention.inputs[3], **attn_attrs)
+    attn = slow.op("Attention", bhsd(q3, heads), read_keys, read_values, b.attention.inputs[3], **attn_attrs)
     slow_out = slow.op("Reshape", slow.op("Transpose", attn, perm=BHSD), e.ints([0, 0, heads * dim]))
 
     branch_outputs = []
@@ -164,7 +180,7 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         branch_outputs.append(ir.Graph(inputs=[], outputs=outs, nodes=branch.nodes, name=branch.prefix))
     out, present_key, present_value = e.op("If", step.use_gqa, num_outputs=3, then_branch=branch_outputs[0],
                                            else_branch=branch_outputs[1])
-    out.dtype, out.shape = b.past_key.dtype, ir.Shape([*b.q_heads.shape[:2], heads * dim])
+    out.dtype, out.shape = b.q_heads.dtype, ir.Shape([*b.q_heads.shape[:2], heads * dim])
 
     tail = _output_tail(b)
     if tail is None:  # an unusual consumer: give it the [batch, heads, seq, head_dim] it read before

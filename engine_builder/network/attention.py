@@ -3,6 +3,7 @@
     qkv = x @ Wqkv.T (+ b)  -> Split -> [q; k; v]   (optional per-head RMSNorm on q and k)
     rotary(q), rotary(k)
     present = ScatterND(past, write_indices, new)   the whole buffer comes back out
+                                                    (int8 cache: new quantized, present dequantized)
     repeat K/V heads (GQA) -> MatMul(q, kT) -> Mul(scale) [-> softcap] -> Add(mask) -> Softmax -> MatMul(v)
 
 Later passes fuse this into Attention / TensorScatter / GroupQueryAttention; the graph
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from engine_builder.config import ModelConfig
+from engine_builder.network import kv_quant
 from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
@@ -55,10 +57,18 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
         k = apply_rotary(b, k, rotary, head_dim)
 
         # write the new tokens into the cache; attention reads the whole updated buffer
+        if w.quantization.kv_cache == "int8":
+            low, high = (b.const(float(bound)) for bound in kv_quant.INT8_RANGE)
+            k_scale, v_scale = w.stored(p + "k_cache_scale"), w.stored(p + "v_cache_scale")  # [1, kv_heads, 1, hd]
+            k, v = kv_quant.quantize(b.op, k, k_scale, low, high), kv_quant.quantize(b.op, v, v_scale, low, high)
         present_key = b.op("ScatterND", past_key, masks.write_indices, k)  # [batch, kv_heads, max_seq, head_dim]
         present_value = b.op("ScatterND", past_value, masks.write_indices, v)
-        keys = _repeat_kv(b, present_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
-        values = _repeat_kv(b, present_value, heads, kv_heads, head_dim)
+        cached_key, cached_value = present_key, present_value
+        if w.quantization.kv_cache == "int8":
+            cached_key = kv_quant.dequantize(b.op, present_key, k_scale)
+            cached_value = kv_quant.dequantize(b.op, present_value, v_scale)
+        keys = _repeat_kv(b, cached_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
+        values = _repeat_kv(b, cached_value, heads, kv_heads, head_dim)
 
         scale = cfg.attention_scale if cfg.attention_scale is not None else head_dim ** -0.5
         scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))  # [batch, heads, seq, max_seq]

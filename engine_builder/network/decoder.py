@@ -43,7 +43,8 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     position_ids = _input(io.POSITION_IDS, INT64, [io.BATCH, io.SEQ])
     past_lengths = _input(io.PAST_LENGTHS, INT64, [io.BATCH])
     kv_shape = [io.BATCH, cfg.num_kv_heads, options.max_seq_len, cfg.head_dim]
-    past = [(_input(io.past_key(i), dtype, kv_shape), _input(io.past_value(i), dtype, kv_shape))
+    kv_dtype = ir.DataType.INT8 if ckpt.quantization.kv_cache == "int8" else dtype
+    past = [(_input(io.past_key(i), kv_dtype, kv_shape), _input(io.past_value(i), kv_dtype, kv_shape))
             for i in range(cfg.num_layers)]
 
     with b.scope("embed"):
@@ -62,7 +63,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
             hidden, present_key, present_value = _decoder_layer(b, hidden, cfg, w, i, rotaries, masks, *past[i])
         present_key.name, present_value.name = io.present_key(i), io.present_value(i)
         present_key.shape = present_value.shape = ir.Shape(kv_shape)
-        present_key.dtype = present_value.dtype = dtype
+        present_key.dtype = present_value.dtype = kv_dtype
         presents += [present_key, present_value]
 
     with b.scope("head"):

@@ -81,3 +81,15 @@ def _blocks(q: Quantization, prefix: str, inp: int) -> int:
         raise InputError(f"{prefix}: group_size {g} does not divide its {inp} input channels; re-run "
                          f"`trtbuild convert --quant` with a --group-size that divides it")
     return inp // g
+
+
+def kv_cache_layout(q: Quantization, num_layers: int, kv_heads: int, head_dim: int) -> dict[str, StoredLayout]:
+    """The per-channel scales of an int8 KV cache (FORMAT.md): float32 [kv_heads, head_dim] per layer and
+    side, read as [1, kv_heads, 1, head_dim] to broadcast over [batch, kv_heads, seq, head_dim]."""
+    if q.kv_cache == "none":
+        return {}
+    if q.kv_cache != "int8":
+        raise UnsupportedError(f"config.json asks for a {q.kv_cache} KV cache, which has no graph form; re-run "
+                               f"`trtbuild convert` with --kv-cache int8 or none")
+    scale = StoredLayout((F32,), (kv_heads, head_dim), None, (1, kv_heads, 1, head_dim))
+    return {f"layers.{i}.attn.{side}_cache_scale": scale for i in range(num_layers) for side in ("k", "v")}

@@ -23,7 +23,13 @@ from converters.base import expected_shapes
 from engine_builder.config import ModelConfig, Quantization
 from engine_builder.errors import InputError, UnsupportedError
 from engine_builder.network.builder import GraphBuilder
-from engine_builder.network.quantized_layout import FLOATS, StoredLayout, check_scheme, quantized_layout
+from engine_builder.network.quantized_layout import (
+    FLOATS,
+    StoredLayout,
+    check_scheme,
+    kv_cache_layout,
+    quantized_layout,
+)
 
 WEIGHTS_FILE = "rank0.safetensors"
 
@@ -92,6 +98,7 @@ class CheckpointWeights:
                 raise InputError(f"config.json's quantization lists {prefix!r}, which is not a linear of this "
                                  f"model; re-run `trtbuild convert --quant`")
             self._layouts |= quantized_layout(self.quantization, prefix, *shapes.pop(prefix + ".weight"))
+        self._layouts |= kv_cache_layout(self.quantization, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         for name, shape in shapes.items():
             self._expect(name, FLOATS, shape)
         for name, layout in self._layouts.items():

@@ -46,7 +46,8 @@ OPTIMIZATION_LEVELS = {
 # (domain, op) that update a past/present pair bound to one buffer in place (onnxruntime 1.31)
 IN_PLACE_OPS = {("com.microsoft", "GroupQueryAttention"), ("", "TensorScatter"), ("ai.onnx", "TensorScatter")}
 KV_UPDATE_META = "trtbuild.kv_update"
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+              "tensor(int8)": "int8"}  # int8: `convert --kv-cache int8`
 
 
 def session_options(dtype: str, threads: int | None = None,

@@ -29,7 +29,8 @@ class OrtDecoder:
         options.intra_op_num_threads = 2
         self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
         self.past_inputs = [i for i in self.session.get_inputs() if i.name.startswith(("past_key.", "past_value."))]
-        self.kv_dtype = np.float16 if "float16" in self.past_inputs[0].type else np.float32
+        self.kv_dtype = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}.get(self.past_inputs[0].type,
+                                                                                     np.float32)
         self.num_layers = len(self.past_inputs) // 2
         meta = self.session.get_modelmeta().custom_metadata_map
         # longrope: growing past this length invalidates the cache (see decoder.py)

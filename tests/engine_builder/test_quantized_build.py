@@ -21,8 +21,8 @@ from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
 from engine_builder.trt_build import TrtBuildOptions, build_engine
 
 # scheme, group, compute capabilities: fp8 needs FP8 tensor cores (8.9+); TensorRT-RTX refuses it for sm86
-SCHEMES = [("int8_wo", None, ("sm86",)), ("int8_wo", 32, ("sm86",)), ("int4_wo", 32, ("sm86",)), ("w8a8_sq", None, ("sm86",)),
-           ("fp8", None, ("sm89",))]
+SCHEMES = [("int8_wo", None, ("sm86",)), ("int8_wo", 32, ("sm86",)), ("int4_wo", 32, ("sm86",)),
+           ("w8a8_sq", None, ("sm86",)), ("fp8", None, ("sm89",))]
 
 
 def quantized_ckpt(checkpoint_dir, tmp: Path, arch: str, scheme: str, group: int | None) -> tuple[Path, int]:
@@ -120,10 +120,21 @@ def test_inconsistent_quantized_checkpoint_is_refused(checkpoint_dir, tmp_path):
                       "'layers.9.mlp.down', which is not a linear of this model")
 
 
-def test_quantized_kv_cache_is_refused(checkpoint_dir, tmp_path):
+def test_int8_kv_cache_is_refused_where_it_cannot_run(checkpoint_dir, tmp_path):
+    """An int8 KV cache builds for onnxruntime float32 only (tests/engine_builder/test_kv_cache_int8.py);
+    its scale tensors must be in the checkpoint."""
     qckpt, _ = quantized_ckpt(checkpoint_dir, tmp_path, "llama", "int8_wo", None)
     config = json.loads((qckpt / "config.json").read_text())
     config["quantization"]["kv_cache"] = "int8"
     (qckpt / "config.json").write_text(json.dumps(config))
-    assert_user_error(cli("build", qckpt, tmp_path / "engine"), "int8 KV cache", "--kv-cache none")
-    assert not (tmp_path / "engine").exists()
+    assert_user_error(cli("build", qckpt, tmp_path / "a", "--target", "tensorrt"),
+                      "int8 KV cache", "--target onnxruntime", "--kv-cache none")
+    assert_user_error(cli("build", qckpt, tmp_path / "b", "--target", "onnxruntime", "--dtype", "float16"),
+                      "int8 KV cache", "--dtype float32")
+    assert_user_error(cli("build", qckpt, tmp_path / "c", "--target", "onnxruntime", "--dtype", "float32"),
+                      "layers.0.attn.k_cache_scale", "re-run `trtbuild convert`")
+    config["quantization"]["kv_cache"] = "fp8"
+    (qckpt / "config.json").write_text(json.dumps(config))
+    assert_user_error(cli("build", qckpt, tmp_path / "d", "--target", "onnxruntime", "--dtype", "float32"), "fp8",
+                      "--kv-cache int8")
+    assert not list(tmp_path.glob("[abcd]")) and not list(tmp_path.glob(".[abcd]*"))

@@ -40,8 +40,11 @@ def decoder_feeds(session: ort.InferenceSession, batch: int, seq: int, past: lis
     vocab = None
     for inp in session.get_inputs():
         if inp.name.startswith(("past_key.", "past_value.")):
-            dtype = np.float16 if "float16" in inp.type else np.float32
-            cache = rng.standard_normal([batch, *inp.shape[1:]]).astype(dtype)
+            if "int8" in inp.type:  # `--kv-cache int8`: any codes will do
+                cache = rng.integers(-128, 128, [batch, *inp.shape[1:]]).astype(np.int8)
+            else:
+                dtype = np.float16 if "float16" in inp.type else np.float32
+                cache = rng.standard_normal([batch, *inp.shape[1:]]).astype(dtype)
             for b, n in enumerate(past):
                 cache[b, :, n:] = 0
             feeds[inp.name] = cache
