@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smollm2_quant import VARIANTS, checkpoint  # noqa: E402
+from smollm2_quant import VARIANTS, checkpoint, import_llama_cpp  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -80,10 +80,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        raise SystemExit("llama-cpp-python is not installed; run `make bench-install` first") from None
+    Llama = import_llama_cpp().Llama
     from engine_builder import LLM
     from engine_builder.bundled import smollm2_gguf
     from engine_builder.runner.backend import physical_cores

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smollm2_quant import VARIANTS, checkpoint  # noqa: E402
+from smollm2_quant import VARIANTS, checkpoint, import_llama_cpp  # noqa: E402
 
 # llama.cpp format -> its ftype constant's name in llama_cpp
 LLAMA_FORMATS = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
@@ -62,12 +62,11 @@ def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict
 
 
 def llama_cpp_requantized(work: Path, max_tokens: int, context: int) -> dict[str, dict]:
-    import llama_cpp as lc
-
     from engine_builder.bundled import smollm2_gguf
     from engine_builder.eval.text import load_text, token_windows
     from engine_builder.runner.engine_dir import EngineDir
 
+    lc = import_llama_cpp()
     source = smollm2_gguf()
     # the windows `evaluate` scores, from the same tokenizer (the fp32 engine's)
     tokenizer = EngineDir.load(work / f"engine-fp32-eval{context}").load_tokenizer()
@@ -112,10 +111,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("build/bench-quant"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        raise SystemExit("llama-cpp-python is not installed; run `make bench-install` first") from None
+    import_llama_cpp()
 
     args.work.mkdir(parents=True, exist_ok=True)
     rows = ours(args.work, args.variants, args.max_tokens, args.context)

@@ -7,6 +7,7 @@ float (`--exclude lm_head`), as in tests/eval/test_quantized_fidelity.py: it is 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 # variant -> (--quant, --group-size)
 VARIANTS: dict[str, tuple[str, int | None]] = {
@@ -31,3 +32,12 @@ def checkpoint(work: Path, variant: str) -> Path:
         options = {} if quant == "none" else {"group_size": group, "exclude": ["lm_head"]}
         convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, **options)
     return ckpt
+
+
+def import_llama_cpp() -> ModuleType:
+    """llama-cpp-python, the contender; a one-line exit when it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise SystemExit("llama-cpp-python is not installed; run `make bench-install` first") from None
+    return llama_cpp

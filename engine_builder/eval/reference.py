@@ -19,7 +19,7 @@ from engine_builder.build_config import BuildConfig, Limits
 from engine_builder.config import CHECKPOINT_SCHEMA, CheckpointConfig
 from engine_builder.engine_files import ENGINE_SCHEMA
 from engine_builder.errors import InputError
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.runner.engine_dir import EngineDir, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,7 @@ class Reference:
     engine: EngineDir | None  # the loaded engine dir; None for a checkpoint until it is built
 
     def load_tokenizer(self) -> Any:
-        if self.engine is not None:
-            return self.engine.load_tokenizer()
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(str(self.path))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot load the tokenizer of reference {self.path}: {exc}".replace("\n", " ")) from None
+        return self.engine.load_tokenizer() if self.engine is not None else load_tokenizer(self.path)
 
 
 def load_reference(path: Path) -> Reference:

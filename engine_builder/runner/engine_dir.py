@@ -85,9 +85,14 @@ class EngineDir:
         if not (self.path / "tokenizer.json").is_file() and not (self.path / "tokenizer_config.json").is_file():
             raise InputError(f"{self.path} has no tokenizer files; the checkpoint lacked them: copy the model's "
                              "tokenizer.json / tokenizer_config.json into the engine dir")
-        from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+        return load_tokenizer(self.path)
 
-        try:
-            return AutoTokenizer.from_pretrained(str(self.path))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot load the tokenizer in {self.path}: {exc}".replace("\n", " ")) from None
+
+def load_tokenizer(path: Path) -> Any:
+    """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load."""
+    from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot load the tokenizer in {path}: {exc}".replace("\n", " ")) from None

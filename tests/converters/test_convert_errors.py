@@ -11,24 +11,21 @@ import sys
 import time
 from pathlib import Path
 
+import cli_process
 import pytest
 import torch
 import transformers
+from cli_process import trtbuild
 from safetensors.torch import save_file
 
 
 def run_convert(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "convert", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return trtbuild("convert", *args, timeout=timeout)
 
 
 def assert_user_error(proc: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+    """The one-line error, and nothing left behind: no OUT, no temp dir beside it."""
+    cli_process.assert_user_error(proc, *needles)
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp dir left behind"
 

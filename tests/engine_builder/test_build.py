@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_process import assert_user_error, trtbuild
 
 from engine_builder.build import build
 from engine_builder.build_config import BuildConfig, Limits
 
 SMALL = Limits(max_batch=2, max_input_len=16, max_seq_len=32)
 TWO_TARGETS = ("sm80", "sm86")
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
-
-
-def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_fp16_engine_for_every_architecture(arch, checkpoint_dir, tmp_path):
@@ -73,29 +59,29 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
 
 def test_inspect_verdict_here_is_no_gpu(checkpoint_dir, tmp_path):
     out = tmp_path / "engine"
-    proc = cli("build", checkpoint_dir("llama"), out, "--cc", "sm86,sm89", "--max-batch", "2",
+    proc = trtbuild("build", checkpoint_dir("llama"), out, "--cc", "sm86,sm89", "--max-batch", "2",
                "--max-input-len", "16", "--max-seq-len", "32", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["engine_bytes"] > 0
-    info = cli("inspect", out, "--json")
+    info = trtbuild("inspect", out, "--json")
     assert info.returncode == 0, info.stderr
     verdict = json.loads(info.stdout)["verdict"]
     assert verdict["tensorrt"]["ok"] is False
     assert verdict["tensorrt"]["reason"].startswith("cannot run here: no NVIDIA GPU")
     assert verdict["onnxruntime"]["ok"] is True
-    text = cli("inspect", out)
+    text = trtbuild("inspect", out)
     assert text.returncode == 0 and "ROTARY_EMBEDDING" in text.stdout and "no NVIDIA GPU" in text.stdout
 
 
 def test_explain_passes_names_why_a_pass_found_nothing(checkpoint_dir, tmp_path):
     args = ("build", checkpoint_dir("llama"), tmp_path / "e", "--target", "onnxruntime", "--explain-passes",
             "--max-seq-len", "32", "--max-input-len", "16")
-    proc = cli(*args, "--json")
+    proc = trtbuild(*args, "--json")
     assert proc.returncode == 0, proc.stderr
     report = {r["name"]: r for r in json.loads(proc.stdout)["passes"]["onnxruntime"]}
     assert report["fuse_attention"]["matches"] == 2 and report["fuse_attention"]["why_not"] is None
     assert report["fuse_qkv"]["matches"] == 0 and "fused qkv weight" in report["fuse_qkv"]["why_not"]
-    table = cli(*args[:2], tmp_path / "f", *args[3:])
+    table = trtbuild(*args[:2], tmp_path / "f", *args[3:])
     assert table.returncode == 0 and "passes for onnxruntime" in table.stdout and "fuse_rotary" in table.stdout
 
 
@@ -103,12 +89,12 @@ def test_recipe_reproduces_graph_hash(checkpoint_dir, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"model": "tiny llama", "build": {
         "targets": ["onnxruntime"], "dtype": "float32", "limits": vars(SMALL)}}))
-    a = cli("build", checkpoint_dir("llama"), tmp_path / "a", "--recipe", recipe, "--json")
-    b = cli("build", checkpoint_dir("llama"), tmp_path / "b", "--target", "onnxruntime", "--dtype", "float32",
+    a = trtbuild("build", checkpoint_dir("llama"), tmp_path / "a", "--recipe", recipe, "--json")
+    b = trtbuild("build", checkpoint_dir("llama"), tmp_path / "b", "--target", "onnxruntime", "--dtype", "float32",
             "--max-batch", "2", "--max-input-len", "16", "--max-seq-len", "32", "--json")
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     assert json.loads(a.stdout)["graph_hashes"] == json.loads(b.stdout)["graph_hashes"]
-    c = cli("build", checkpoint_dir("llama"), tmp_path / "c", "--recipe", recipe, "--set", "limits.max_seq_len=64",
+    c = trtbuild("build", checkpoint_dir("llama"), tmp_path / "c", "--recipe", recipe, "--set", "limits.max_seq_len=64",
             "--json")
     assert json.loads(c.stdout)["graph_hashes"] != json.loads(a.stdout)["graph_hashes"]
 
@@ -125,24 +111,24 @@ def test_recipe_reproduces_graph_hash(checkpoint_dir, tmp_path):
 ])
 def test_bad_build_input(checkpoint_dir, tmp_path, args, needles):
     out = tmp_path / "engine"
-    assert_user_error(cli("build", checkpoint_dir("llama"), out, *args), *needles)
+    assert_user_error(trtbuild("build", checkpoint_dir("llama"), out, *args), *needles)
     assert not out.exists() and not list(tmp_path.glob(".engine.*"))
 
 
 def test_unknown_recipe_key_lists_valid_keys(checkpoint_dir, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("build:\n  max_sequence: 5\n")
-    assert_user_error(cli("build", checkpoint_dir("llama"), tmp_path / "e", "--recipe", recipe),
+    assert_user_error(trtbuild("build", checkpoint_dir("llama"), tmp_path / "e", "--recipe", recipe),
                       "unknown key(s) max_sequence", "limits")
 
 
 def test_inspect_refuses_corrupt_or_foreign_dirs(checkpoint_dir, tmp_path):
-    assert_user_error(cli("inspect", checkpoint_dir("llama")), "not a trtbuild engine dir")
+    assert_user_error(trtbuild("inspect", checkpoint_dir("llama")), "not a trtbuild engine dir")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    assert_user_error(cli("inspect", bad), "not valid JSON")
-    assert_user_error(cli("inspect", tmp_path / "missing"), "does not exist")
+    assert_user_error(trtbuild("inspect", bad), "not valid JSON")
+    assert_user_error(trtbuild("inspect", tmp_path / "missing"), "does not exist")
 
 
 def test_ort_only_op_in_tensorrt_graph_names_node_and_pass(checkpoint_dir, tmp_path):

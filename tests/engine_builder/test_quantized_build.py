@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
+from cli_process import assert_user_error, trtbuild
 from hf_reference import prompt_of
 from ort_helpers import OrtDecoder
 from quantized_ckpt import quantize_checkpoint
-from test_build import SMALL, assert_user_error, cli
+from test_build import SMALL
 
 from engine_builder.build import build, trt_profiles
 from engine_builder.build_config import BuildConfig
@@ -102,7 +103,7 @@ def test_dequantize_fuses_into_the_matmul(checkpoint_dir, tmp_path, scheme, grou
 def test_unsupported_quantization_is_refused(checkpoint_dir, tmp_path, scheme, group, args, needles):
     qckpt, _ = quantized_ckpt(checkpoint_dir, tmp_path, "llama", scheme, group)
     out = tmp_path / "engine"
-    assert_user_error(cli("build", qckpt, out, *args), *needles)
+    assert_user_error(trtbuild("build", qckpt, out, *args), *needles)
     assert not out.exists() and not list(tmp_path.glob(".engine*"))  # nothing half-written
 
 
@@ -112,11 +113,11 @@ def test_inconsistent_quantized_checkpoint_is_refused(checkpoint_dir, tmp_path):
     config["quantization"]["weight_bits"] = 4  # the file holds int8 [out, in], the config says packed int4
     config["quantization"]["group_size"] = 16
     (qckpt / "config.json").write_text(json.dumps(config))
-    assert_user_error(cli("build", qckpt, tmp_path / "a", "--target", "onnxruntime"),
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "a", "--target", "onnxruntime"),
                       "layers.0.attn.qkv.weight", "re-run `trtbuild convert`")
     config["quantization"]["quantized"].append("layers.9.mlp.down")
     (qckpt / "config.json").write_text(json.dumps(config))
-    assert_user_error(cli("build", qckpt, tmp_path / "b", "--target", "onnxruntime"),
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "b", "--target", "onnxruntime"),
                       "'layers.9.mlp.down', which is not a linear of this model")
 
 
@@ -127,14 +128,14 @@ def test_int8_kv_cache_is_refused_where_it_cannot_run(checkpoint_dir, tmp_path):
     config = json.loads((qckpt / "config.json").read_text())
     config["quantization"]["kv_cache"] = "int8"
     (qckpt / "config.json").write_text(json.dumps(config))
-    assert_user_error(cli("build", qckpt, tmp_path / "a", "--target", "tensorrt"),
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "a", "--target", "tensorrt"),
                       "int8 KV cache", "--target onnxruntime", "--kv-cache none")
-    assert_user_error(cli("build", qckpt, tmp_path / "b", "--target", "onnxruntime", "--dtype", "float16"),
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "b", "--target", "onnxruntime", "--dtype", "float16"),
                       "int8 KV cache", "--dtype float32")
-    assert_user_error(cli("build", qckpt, tmp_path / "c", "--target", "onnxruntime", "--dtype", "float32"),
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "c", "--target", "onnxruntime", "--dtype", "float32"),
                       "layers.0.attn.k_cache_scale", "re-run `trtbuild convert`")
     config["quantization"]["kv_cache"] = "fp8"
     (qckpt / "config.json").write_text(json.dumps(config))
-    assert_user_error(cli("build", qckpt, tmp_path / "d", "--target", "onnxruntime", "--dtype", "float32"), "fp8",
+    assert_user_error(trtbuild("build", qckpt, tmp_path / "d", "--target", "onnxruntime", "--dtype", "float32"), "fp8",
                       "--kv-cache int8")
     assert not list(tmp_path.glob("[abcd]")) and not list(tmp_path.glob(".[abcd]*"))

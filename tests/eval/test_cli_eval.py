@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_process import trtbuild
 from word_texts import word_ids, write_words
 
 from engine_builder.eval import evaluate
-
-
-def trtbuild(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_json_gives_the_library_figures(tiny, tmp_path):

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import pytest
+from cli_process import assert_user_error, trtbuild
 
 
 def serve(*args):
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "serve", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return trtbuild("serve", *args, timeout=120)
 
 
 @pytest.mark.parametrize("flags, needles", [
@@ -26,10 +24,8 @@ def serve(*args):
 ])
 def test_bad_flags_fail_in_one_line(smollm2_engine, flags, needles):
     r = serve(smollm2_engine, *flags)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
-    for needle in needles:
-        assert needle in r.stderr
+    assert_user_error(r, *needles)
+    assert r.stdout == ""
 
 
 def test_port_in_use_fails_in_one_line(smollm2_engine):
@@ -41,13 +37,11 @@ def test_port_in_use_fails_in_one_line(smollm2_engine):
 
 
 def test_not_an_engine_dir_fails_in_one_line(tmp_path):
-    r = serve(tmp_path / "missing")
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert_user_error(serve(tmp_path / "missing"))
 
 
 def test_help_teaches_the_endpoints():
-    r = subprocess.run([sys.executable, "-m", "engine_builder.cli", "serve", "--help"], capture_output=True,
-                       text=True, timeout=60)
+    r = serve("--help")
     assert r.returncode == 0
     for needle in ("/generate_stream", "/v1/chat/completions", "/metrics", "TRTBUILD_API_KEY", "curl"):
         assert needle in r.stdout

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from checkpoint_to_hf import read_checkpoint
+from cli_process import trtbuild
 from safetensors import safe_open
 
 from converters.convert import convert
@@ -96,14 +94,9 @@ def test_checkpoint_dtype_applies_to_floats_and_scales(tiny_model_dir, tmp_path)
     np.testing.assert_array_equal(q["embed.weight"], fp["embed.weight"])
 
 
-def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
-
-
 def test_exclude_and_json_summary(tiny_model_dir, tmp_path):
     hf = tiny_model_dir("llama_tied")
-    proc = run_cli("convert", hf, tmp_path / "q", "--quant", "int4_wo", "--group-size", str(GROUP),
+    proc = trtbuild("convert", hf, tmp_path / "q", "--quant", "int4_wo", "--group-size", str(GROUP),
                    "--exclude", "lm_head", "--exclude", "layers.1.*", "--exclude", "*.mlp.down", "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)

@@ -1,0 +1,21 @@
+"""`trtbuild` as a user runs it: a real process, its exit code and its one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def trtbuild(*args: str | Path, timeout: float = 600, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine_builder.cli", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit code 2, one `error: ` line naming every needle, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
