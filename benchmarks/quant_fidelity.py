@@ -10,8 +10,9 @@ onnxruntime float32 engine and scored by `trtbuild eval`'s `evaluate` against th
 shipped eval text. llama.cpp (`llama-cpp-python`, `make bench-install`): `llama_model_quantize`
 requantizes the same GGUF into the nearest formats a llama.cpp user would pick (Q8_0: int8 in blocks
 of 32; Q4_0: symmetric int4 in blocks of 32; Q4_K_M for reference, which on SmolLM2 falls back to 5-
-and 8-bit blocks for most tensors: 576 is not a multiple of its 256-wide super-blocks), and each is
-scored against the Q4_1 original in llama.cpp, on the same token windows.
+and 8-bit blocks for most tensors: 576 is not a multiple of its 256-wide super-blocks), and "q8_0 KV"
+runs the original with llama.cpp's int8 KV cache (blocks of 32 along head_dim, flash attention).
+Each is scored against the Q4_1 original in llama.cpp (float16 KV cache), on the same token windows.
 
 Printed per row: perplexity / its reference's perplexity, mean KL(reference || model) and top-1
 agreement; and for each of our variants, its KL divided by that of the llama.cpp format it is paired
@@ -30,15 +31,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smollm2_quant import VARIANTS, checkpoint, import_llama_cpp  # noqa: E402
+from smollm2_quant import checkpoint, import_llama_cpp  # noqa: E402
 
-# llama.cpp format -> its ftype constant's name in llama_cpp
+# llama.cpp format -> its ftype constant's name in llama_cpp (None: the Q4_1 original itself)
 LLAMA_FORMATS = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-                 "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+                 "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q8_0 KV": None}
 # our variant -> the llama.cpp format of the same width and block
 PAIRS = {"int8_wo": "Q8_0", "int8_wo_g32": "Q8_0", "int4_wo": "Q4_0", "int4_wo_g32": "Q4_0", "int4_awq": "Q4_0",
-         "int4_awq_g32": "Q4_0"}
-DEFAULT_VARIANTS = ["int8_wo", "int8_wo_g32", "int4_wo_g32", "int4_awq", "int4_awq_g32"]
+         "int4_awq_g32": "Q4_0", "fp32_kv8": "q8_0 KV"}
+DEFAULT_VARIANTS = ["int8_wo", "int8_wo_g32", "int4_wo_g32", "int4_awq", "int4_awq_g32", "fp32_kv8"]
+GGML_TYPE_Q8_0 = 8  # llama.cpp's KV-cache type for "q8_0 KV": int8 in blocks of 32 along head_dim
 
 
 def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict[str, dict]:
@@ -73,8 +75,8 @@ def llama_cpp_requantized(work: Path, max_tokens: int, context: int) -> dict[str
     windows = token_windows(tokenizer, load_text(None), max_tokens, context)
     targets = np.concatenate([w[1:] for w in windows])  # [positions]
 
-    def log_probs(path: Path) -> np.ndarray:  # [positions, vocab]
-        model = lc.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False)
+    def log_probs(path: Path, **kv_cache) -> np.ndarray:  # [positions, vocab]
+        model = lc.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False, **kv_cache)
         scores = []
         for w in windows:
             model.reset()
@@ -90,13 +92,15 @@ def llama_cpp_requantized(work: Path, max_tokens: int, context: int) -> dict[str
     reference = log_probs(source)
     rows = {}
     for name, ftype in LLAMA_FORMATS.items():
-        path = work / f"smollm2-{name}.gguf"
+        path = work / f"smollm2-{name}.gguf" if ftype else source
+        # a quantized V cache needs flash attention in llama.cpp
+        kv_cache = {} if ftype else {"type_k": GGML_TYPE_Q8_0, "type_v": GGML_TYPE_Q8_0, "flash_attn": True}
         if not path.exists():
             params = lc.llama_model_quantize_default_params()
             params.ftype, params.allow_requantize = getattr(lc, ftype), True
             if lc.llama_model_quantize(str(source).encode(), str(path).encode(), ctypes.byref(params)):
                 raise SystemExit(f"llama.cpp could not requantize {source} to {name}")
-        lp = log_probs(path)
+        lp = log_probs(path, **kv_cache)
         rows[name] = {"ppl_ratio": ppl(lp) / ppl(reference),
                       "kl": float((np.exp(reference) * (reference - lp)).sum(-1).mean()),
                       "top1": float((reference.argmax(-1) == lp.argmax(-1)).mean())}
@@ -107,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=sorted(set(VARIANTS) - {"fp32"}))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=sorted(PAIRS))
     parser.add_argument("--work", type=Path, default=Path("build/bench-quant"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

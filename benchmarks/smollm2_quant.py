@@ -9,15 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-# variant -> (--quant, --group-size)
-VARIANTS: dict[str, tuple[str, int | None]] = {
-    "fp32": ("none", None),
-    "int8_wo": ("int8_wo", None),  # one scale per output channel
-    "int8_wo_g32": ("int8_wo", 32),
-    "int4_wo": ("int4_wo", 64),
-    "int4_wo_g32": ("int4_wo", 32),
-    "int4_awq": ("int4_awq", 64),
-    "int4_awq_g32": ("int4_awq", 32),
+# variant -> (--quant, --group-size, --kv-cache)
+VARIANTS: dict[str, tuple[str, int | None, str]] = {
+    "fp32": ("none", None, "none"),
+    "int8_wo": ("int8_wo", None, "none"),  # one scale per output channel
+    "int8_wo_g32": ("int8_wo", 32, "none"),
+    "int4_wo": ("int4_wo", 64, "none"),
+    "int4_wo_g32": ("int4_wo", 32, "none"),
+    "int4_awq": ("int4_awq", 64, "none"),
+    "int4_awq_g32": ("int4_awq", 32, "none"),
+    "fp32_kv8": ("none", None, "int8"),  # float weights, int8 KV cache
+    "int4_awq_kv8": ("int4_awq", 64, "int8"),
 }
 
 
@@ -28,9 +30,9 @@ def checkpoint(work: Path, variant: str) -> Path:
 
     ckpt = work / f"ckpt-{variant}"
     if not ckpt.exists():
-        quant, group = VARIANTS[variant]
+        quant, group, kv_cache = VARIANTS[variant]
         options = {} if quant == "none" else {"group_size": group, "exclude": ["lm_head"]}
-        convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, **options)
+        convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, kv_cache=kv_cache, **options)
     return ckpt
 
 

@@ -1,8 +1,8 @@
 """`trtbuild convert`: HF safetensors dir or GGUF file -> canonical checkpoint dir.
 
 Tensors stream one at a time from the source (memory-mapped, lazy) into rank0.safetensors,
-so peak memory stays at a few tensors whatever the model size. With --quant the float
-checkpoint is written to a scratch dir inside the temp output first, then quantized from
+so peak memory stays at a few tensors whatever the model size. With --quant or --kv-cache the
+float checkpoint is written to a scratch dir inside the temp output first, then quantized from
 there (converters/quantize/quantized_checkpoint.py); pre-quantized AWQ / GPTQ sources are
 re-laid out as they stream (converters/quantize/prequantized.py).
 """
@@ -74,6 +74,7 @@ class ConvertResult:
     dropped: tuple[str, ...]
     tokenizer_files: tuple[str, ...]
     quantization: str = "none"  # the scheme: --quant's, or awq / gptq for an ingested source
+    kv_cache: str = "none"  # --kv-cache's: int8 adds per-channel cache scales
     quantized: int = 0  # linears stored quantized
     excluded: tuple[str, ...] = ()  # linears kept in full precision
     calibration_seconds: float = 0.0
@@ -112,10 +113,11 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
             group_size: int | None = None, kv_cache: str = "none", calib: Path | None = None,
             calib_samples: int | None = None, calib_seq_len: int | None = None, exclude: Iterable[str] = (),
             progress: Progress | None = None) -> ConvertResult:
-    """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none".
+    """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none", and with
+    int8 KV-cache scales when KV_CACHE is "int8".
 
     The keywords are `trtbuild convert`'s options (see its --help). `dtype` "auto" keeps the
-    source's float dtype, or float32 when quantizing. `progress(stage, n, total)` hears of every
+    source's float dtype, or float32 with a --quant scheme. `progress(stage, n, total)` hears of every
     n bytes written ("converting", "quantizing") and of calibration windows ("calibrating")."""
     out = Path(out)
     check_output_dir(out, force)  # fail before any expensive work
@@ -124,22 +126,29 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     options.validate()
     started = time.perf_counter()
     peak = PeakRss()
-    quantizing = options.scheme != "none"
-    cp = plan(src, "float32" if quantizing and dtype == "auto" else dtype)
+    quantizing = options.quantizing
+    # only a scheme's weights default to float32; a KV cache's scales are float32 whatever the weights
+    cp = plan(src, "float32" if options.scheme != "none" and dtype == "auto" else dtype)
+    if cp.prequantized and options.scheme != "none":
+        raise InputError(f"{src} is already quantized ({cp.prequantized.method}); it is ingested as it is, "
+                         f"so drop --quant {options.scheme} (or convert its unquantized original with it)")
+    if cp.prequantized and options.kv_cache != "none":
+        raise UnsupportedError(f"--kv-cache {options.kv_cache} is not supported yet for a pre-quantized "
+                               f"({cp.prequantized.method}) source; drop --kv-cache, or convert its unquantized "
+                               f"original with --quant int4_awq --kv-cache {options.kv_cache}")
     if quantizing:
-        if cp.prequantized:
-            raise InputError(f"{src} is already quantized ({cp.prequantized.method}); it is ingested as it is, "
-                             f"so drop --quant {options.scheme} (or convert its unquantized original with it)")
         select_linears(cp.model, options)  # a bad --exclude or --group-size fails before any work
     text = None
-    if options.calibrated:  # a missing or empty --calib file fails now, not after the float checkpoint
+    if options.needs_calibration:  # a missing or empty --calib file fails now, not after the float checkpoint
         from converters.quantize import calibration_text
 
         text = calibration_text.load(options.calib)
         if cp.source.kind == "hf-safetensors" and not any((Path(src) / f).is_file() for f in TOKENIZER_MODELS):
-            raise InputError(f"--quant {options.scheme} calibrates on text tokenized with the model's tokenizer, "
-                             f"but {src} has no {', '.join(TOKENIZER_MODELS)}; add them, or use --quant int8_wo "
-                             f"or int4_wo, which need no calibration")
+            what = f"--quant {options.scheme}" if options.calibrated else f"--kv-cache {options.kv_cache}"
+            fix = ("use --quant int8_wo or int4_wo, which need no calibration" if options.calibrated else
+                   "use --kv-cache none")
+            raise InputError(f"{what} calibrates on text tokenized with the model's tokenizer, but {src} has no "
+                             f"{', '.join(TOKENIZER_MODELS)}; add them, or {fix}")
     # hashing runs beside the conversion, a shard per thread: hashlib releases the GIL on
     # large buffers, and the unchanged-dtype copy itself runs in the kernel
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -153,15 +162,15 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
                 shutil.rmtree(float_dir)
                 written = _Written(result.tensors, result.bytes, written.largest, written.tokenizer_files,
                                    result.scheme, len(result.quantized), result.excluded,
-                                   result.calibration_seconds)
+                                   result.calibration_seconds, result.kv_cache)
     seconds = time.perf_counter() - started
     return ConvertResult(
         out=str(out), model_type=cp.model.architecture, source_format=cp.source.kind, dtype=cp.dtype,
         tensors=written.tensors, bytes=written.bytes, largest_tensor_bytes=written.largest,
         seconds=round(seconds, 3), mb_per_s=round(written.bytes / 1e6 / seconds, 1),
         peak_rss_bytes=peak.above_baseline(), dropped=cp.plan.dropped, tokenizer_files=written.tokenizer_files,
-        quantization=written.scheme, quantized=written.quantized, excluded=written.excluded,
-        calibration_seconds=written.calibration_seconds)
+        quantization=written.scheme, kv_cache=written.kv_cache, quantized=written.quantized,
+        excluded=written.excluded, calibration_seconds=written.calibration_seconds)
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ class _Written:
     quantized: int = 0
     excluded: tuple[str, ...] = ()
     calibration_seconds: float = 0.0
+    kv_cache: str = "none"
 
 
 def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[str]],

@@ -119,12 +119,16 @@ def convert(
              "channel; a group size gives it one per group. Smaller is more accurate and larger on disk; it "
              "must divide every linear's input size (SmolLM2's 576: 64 or 32).")] = None,
     kv_cache: Annotated[str, typer.Option(
-        metavar="none|int8|fp8", help="KV-cache precision: none (the compute dtype). int8 and fp8 are "
-                                      "refused: TensorRT-RTX 1.7 updates only float caches in place.")] = "none",
+        metavar="none|int8|fp8",
+        help="KV-cache precision: none (the compute dtype); int8 (per-channel int8 keys and values, a quarter of "
+             "a float32 cache, with static scales calibrated on text: see --calib), built with --target "
+             "onnxruntime --dtype float32 (TensorRT-RTX 1.7 refuses non-float caches; the build says so). fp8 is "
+             "refused: onnxruntime's CPU attention has no fp8-cache kernel and TensorRT-RTX updates only float "
+             "caches.")] = "none",
     calib: Annotated[Path | None, typer.Option(
         metavar="FILE",
-        help="Calibration text for int4_awq, w8a8_sq and fp8: a .txt, or a .jsonl with a \"text\" field per "
-             "line, typical of the model's use. Default: the shipped public-domain text "
+        help="Calibration text for int4_awq, w8a8_sq, fp8 and --kv-cache int8: a .txt, or a .jsonl with a "
+             "\"text\" field per line, typical of the model's use. Default: the shipped public-domain text "
              "(engine_builder/data/calibration.txt).")] = None,
     calib_samples: Annotated[int | None, typer.Option(
         metavar="N", help="Windows of calibration text to prefill (default 32).")] = None,
@@ -178,6 +182,7 @@ def convert(
         return
     quantized = (f", {result.quantization}: {result.quantized} linears quantized, {len(result.excluded)} kept float"
                  if result.quantization != "none" else "")
+    quantized += f", {result.kv_cache} KV cache" if result.kv_cache != "none" else ""
     stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
                  f"{result.bytes / 1e6:.1f} MB {result.dtype}{quantized} in {result.seconds:.1f}s "
                  f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")

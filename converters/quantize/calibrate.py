@@ -3,19 +3,24 @@
     data = collect(fp_ckpt_dir, calibration_text.load(None), DEFAULT_SAMPLES, DEFAULT_SEQ_LEN)
     data.inputs["layers.3.mlp.down"].absmax     # [in] f32: SmoothQuant, FP8 input scales
     data.inputs["layers.3.mlp.down"].sample     # [n <= 512, in] f32 tokens: the AWQ scale search
+    data = collect(..., caches=True)
+    data.caches["layers.3.attn.k_cache"]         # [kv_heads, head_dim] f32 max |k|: int8 KV-cache scales
 
 The graph is the one `trtbuild build` emits (float32, unfused, before any pass), so the
 statistics are of exactly the activations the quantized graph will multiply: each linear's
 input is the first input of the MatMul whose second input is Transpose(<its weight>) (see
 engine_builder/network/builder.py `linear`), exposed as an extra graph output. Only running
 sums and a fixed token subsample are kept, so memory does not grow with the number of windows.
+With `caches`, the present_key / present_value outputs are kept too: a window prefilled from
+empty caches into a graph of max_seq_len = seq_len fills every slot, so they hold exactly the
+keys (after rotary) and values the cache stores, of which a running max |x| per channel is kept.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +59,15 @@ class LinearInputStats:
 class CalibrationData:
     info: CalibrationInfo
     inputs: dict[str, LinearInputStats]  # linear prefix ("layers.3.attn.qkv", "lm_head") -> its input's stats
+    # "layers.3.attn.k_cache" / "layers.3.attn.v_cache" -> max |x| [kv_heads, head_dim] f32 over every
+    # calibration token; empty unless collect(caches=True)
+    caches: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def cache_names(layer: int) -> dict[str, str]:
+    """Graph output -> the checkpoint prefix of its statistics (and scale, FORMAT.md) for LAYER's KV cache."""
+    return {io.present_key(layer): f"layers.{layer}.attn.k_cache",
+            io.present_value(layer): f"layers.{layer}.attn.v_cache"}
 
 
 def linear_inputs(model: ir.Model) -> dict[str, ir.Value]:
@@ -73,23 +87,31 @@ def linear_inputs(model: ir.Model) -> dict[str, ir.Value]:
 
 
 def collect(fp_ckpt_dir: Path, text: CalibrationText, samples: int, seq_len: int,
-            progress: Progress | None = None) -> CalibrationData:
-    """Prefill SAMPLES windows of SEQ_LEN tokens of TEXT through FP_CKPT_DIR's float graph; stats per linear.
+            progress: Progress | None = None, caches: bool = False) -> CalibrationData:
+    """Prefill SAMPLES windows of SEQ_LEN tokens of TEXT through FP_CKPT_DIR's float graph; stats per linear
+    (and, with CACHES, per KV-cache channel).
 
     `progress(done, total)` hears after each window. Fewer windows than SAMPLES are used when
     the text is short; info.samples records how many.
     """
     fp_ckpt_dir = Path(fp_ckpt_dir)
-    CheckpointConfig.load(fp_ckpt_dir)  # a clear error for a dir that is not a checkpoint, before tokenizing
+    # a clear error for a dir that is not a checkpoint, before tokenizing
+    num_layers = CheckpointConfig.load(fp_ckpt_dir).model.num_layers
     ids = windows(text, fp_ckpt_dir, samples, seq_len)  # [n, seq_len]
     model = build_decoder(fp_ckpt_dir, NetworkOptions(max_seq_len=seq_len, all_logits=True, dtype="float32"))
     taps = linear_inputs(model)
-    # only the taps are outputs: logits and the present KV copies are never computed or returned
-    outputs = list(dict.fromkeys(taps.values()))
+    presents = {}  # graph output name -> checkpoint prefix of its statistics
+    if caches:
+        presents = {name: prefix for i in range(num_layers) for name, prefix in cache_names(i).items()}
+    by_name = {o.name: o for o in model.graph.outputs}
+    kept = [by_name[name] for name in presents]
+    # only the taps (and the presents asked for) are outputs: the logits are never computed or returned
+    outputs = list(dict.fromkeys([*taps.values(), *kept]))
     model.graph.outputs.clear()
     model.graph.outputs.extend(outputs)
     RemoveUnusedNodesPass()(model)
     stats = _Accumulator(taps, ids.shape[0], seq_len)
+    cache_absmax: dict[str, np.ndarray] = {}  # prefix -> running max |x| [kv_heads, head_dim]
     # beside the checkpoint so the weights are hard-linked, not copied (onnxruntime wants them in the model's dir)
     with tempfile.TemporaryDirectory(dir=fp_ckpt_dir.parent, prefix=f".{fp_ckpt_dir.name}.calib-") as tmp:
         link_weights(fp_ckpt_dir, Path(tmp))
@@ -97,7 +119,8 @@ def collect(fp_ckpt_dir: Path, text: CalibrationText, samples: int, seq_len: int
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         session = ort.InferenceSession(str(Path(tmp) / MODEL_FILE), options, providers=["CPUExecutionProvider"])
-    # zero-filled, as graph_io asks; never written (the presents are not outputs), so shared by every window
+    # zero-filled, as graph_io asks; onnxruntime never writes its feeds (a present is a new array), so they are
+    # shared by every window
     feeds = {i.name: np.zeros([1, *i.shape[1:]], np.float32) for i in session.get_inputs()
              if i.name.startswith(("past_key.", "past_value."))}
     feeds[io.POSITION_IDS] = np.arange(seq_len, dtype=np.int64)[None, :]  # [1, seq]
@@ -105,11 +128,16 @@ def collect(fp_ckpt_dir: Path, text: CalibrationText, samples: int, seq_len: int
     names = [o.name for o in outputs]
     for w, window in enumerate(ids):
         feeds[io.INPUT_IDS] = window[None, :]  # [1, seq]
-        stats.add(w, dict(zip(names, session.run(names, feeds))))
+        values = dict(zip(names, session.run(names, feeds)))
+        stats.add(w, values)
+        for name, prefix in presents.items():
+            # [1, kv_heads, seq_len, head_dim]: every slot is this window's (max_seq_len is seq_len)
+            absmax = np.abs(values[name]).max(axis=(0, 2))  # [kv_heads, head_dim]
+            cache_absmax[prefix] = np.maximum(cache_absmax[prefix], absmax) if prefix in cache_absmax else absmax
         if progress is not None:
             progress(w + 1, ids.shape[0])
     info = CalibrationInfo(source=text.source, sha256=text.sha256, samples=int(ids.shape[0]), seq_len=seq_len)
-    return CalibrationData(info, stats.result())
+    return CalibrationData(info, stats.result(), {prefix: cache_absmax[prefix] for prefix in presents.values()})
 
 
 def sample_positions(tokens: int) -> np.ndarray:

@@ -35,7 +35,18 @@ class QuantOptions:
 
     @property
     def calibrated(self) -> bool:
+        """Does the scheme take its scales from calibration text?"""
         return self.scheme in CALIBRATED
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Does anything asked for (the scheme, or an int8 KV cache's scales) need calibration text?"""
+        return self.calibrated or self.kv_cache == "int8"
+
+    @property
+    def quantizing(self) -> bool:
+        """Is the checkpoint changed at all: a scheme, or KV-cache scales to add?"""
+        return self.scheme != "none" or self.kv_cache != "none"
 
     @property
     def groups(self) -> int | None:
@@ -55,14 +66,14 @@ class QuantOptions:
                              f"scale per {'output channel' if self.scheme == 'w8a8_sq' else 'tensor'}, so drop it")
         if self.kv_cache not in KV_CACHE:
             raise InputError(f"--kv-cache {self.kv_cache!r} is not supported; choose one of {', '.join(KV_CACHE)}")
-        if self.kv_cache != "none":
-            # refused here rather than by `build` after a long convert (engine_builder/target_check.py says why)
-            raise UnsupportedError(f"--kv-cache {self.kv_cache} is not supported yet: TensorRT-RTX 1.7 updates only "
-                                   f"float16/bfloat16/float32 KV caches in place; use --kv-cache none (the weights "
-                                   f"stay quantized)")
-        if self.calib is not None and not self.calibrated:
-            raise InputError(f"--calib only feeds the calibrated schemes ({', '.join(CALIBRATED)}); "
-                             f"--quant {self.scheme} uses no calibration, so drop --calib")
+        if self.kv_cache == "fp8":
+            # refused here rather than by `build` after a long convert: no target could run it
+            raise UnsupportedError("--kv-cache fp8 is not supported: onnxruntime's CPU GroupQueryAttention has no "
+                                   "fp8-cache kernel and TensorRT-RTX 1.7 updates only float16/bfloat16/float32 "
+                                   "caches; use --kv-cache int8 (onnxruntime target) or --kv-cache none")
+        if self.calib is not None and not self.needs_calibration:
+            raise InputError(f"--calib only feeds the calibrated schemes ({', '.join(CALIBRATED)}) and "
+                             f"--kv-cache int8; --quant {self.scheme} uses no calibration, so drop --calib")
         if any(n is not None and n <= 0 for n in (self.calib_samples, self.calib_seq_len)):
             raise InputError(f"--calib-samples and --calib-seq-len must be positive, got {self.calib_samples} "
                              f"and {self.calib_seq_len}")
@@ -95,7 +106,11 @@ def in_features(model: ModelConfig, prefix: str) -> int:
 
 
 def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(quantized, excluded) linear prefixes of MODEL under OPTIONS, the group size checked against each."""
+    """(quantized, excluded) linear prefixes of MODEL under OPTIONS, the group size checked against each.
+
+    --quant none quantizes no linear (a KV-cache-only conversion)."""
+    if options.scheme == "none":
+        return (), ()
     quantized, excluded = split_excluded(linear_prefixes(model), options.exclude)
     if (group := options.groups) is not None:
         sizes = {p: in_features(model, p) for p in quantized}

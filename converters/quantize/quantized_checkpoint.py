@@ -1,5 +1,8 @@
 """quantize_checkpoint: a float checkpoint dir -> a quantized checkpoint dir (FORMAT.md), a tensor at a time.
 
+Quantized means its linears (--quant), its KV cache (--kv-cache int8: per-channel scales appended
+after every other tensor), or both.
+
 The float checkpoint is read with plain file I/O, one tensor at a time, and the quantized one
 is streamed with StreamingSafetensorsWriter, so outside calibration memory stays at a few
 tensors. Tensors that neither quantization nor folding changes are copied file to file.
@@ -19,6 +22,7 @@ import numpy as np
 
 from converters.quantize.calibrated_scales import channel_scales, clipped_weight, input_scales
 from converters.quantize.folding import Folding
+from converters.quantize.kv_cache import SCALE_DTYPE, kv_cache_scales
 from converters.quantize.linear_quant import Layout, linear_layout, quantize_linear
 from converters.quantize.options import WEIGHT_BITS, QuantOptions, select_linears
 from converters.safetensors_writer import StreamingSafetensorsWriter
@@ -47,6 +51,7 @@ class QuantizeResult:
     bytes: int  # of the tensors in rank0.safetensors
     calibration: CalibrationInfo | None
     calibration_seconds: float
+    kv_cache: str = "none"
 
 
 class FloatTensors:
@@ -79,12 +84,14 @@ class FloatTensors:
 
 def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions, progress: Progress | None = None,
                         text: CalibrationText | None = None) -> QuantizeResult:
-    """Write the OPTIONS.scheme checkpoint of float checkpoint FP_CKPT_DIR into the existing dir OUT_DIR.
+    """Write the OPTIONS.scheme (and OPTIONS.kv_cache) checkpoint of float checkpoint FP_CKPT_DIR into the
+    existing dir OUT_DIR.
 
     `text` is the calibration text when the caller has loaded it already (else options.calib)."""
     options.validate()
-    if options.scheme == "none":
-        raise InputError("quantize_checkpoint needs a scheme; --quant none keeps the float checkpoint as it is")
+    if not options.quantizing:
+        raise InputError("quantize_checkpoint needs a scheme or a KV cache to quantize; --quant none --kv-cache "
+                         "none keeps the float checkpoint as it is")
     fp_ckpt_dir, out_dir = Path(fp_ckpt_dir), Path(out_dir)
     cfg = CheckpointConfig.load(fp_ckpt_dir)
     if cfg.quantization.scheme != "none":
@@ -96,15 +103,17 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     shapes = {p: tensors.shape(_weight_of(p, model.tie_word_embeddings)) for p in quantized}  # [out, in]
 
     calibration, calib_seconds, calib = None, 0.0, None
-    if options.calibrated:
+    if options.needs_calibration:  # once, for the scheme and the KV cache alike
         from converters.quantize import calibrate, calibration_text
 
         started = time.perf_counter()
         calib = calibrate.collect(
             fp_ckpt_dir, text or calibration_text.load(options.calib),
             options.calib_samples or calibrate.DEFAULT_SAMPLES, options.calib_seq_len or calibrate.DEFAULT_SEQ_LEN,
-            progress=(lambda done, total: progress("calibrating", done, total)) if progress else None)
+            progress=(lambda done, total: progress("calibrating", done, total)) if progress else None,
+            caches=options.kv_cache == "int8")
         calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
+    cache_scales = kv_cache_scales(calib.caches) if calib else {}  # name -> f32 [kv_heads, head_dim]
     scales = channel_scales(options.scheme, model, quantized, tensors.read, calib, options.groups)
     folding = Folding(model, scales)
     activation_scales = input_scales(options.scheme, quantized, calib, scales)
@@ -120,6 +129,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             layout += linear_layout(prefix, *shapes[prefix], options.scheme, cfg.dtype, options.groups)
         else:
             layout.append((out_name, cfg.dtype, tensors.shape(src)))
+    layout += [(name, SCALE_DTYPE, scale.shape) for name, scale in cache_scales.items()]  # new tensors: last
 
     total = sum(tensors.meta[src][3] for _, src in plan)
     with StreamingSafetensorsWriter(out_dir / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
@@ -140,6 +150,8 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
                 writer.append_range(out_name, *tensors.range(src))
             if progress:
                 progress("quantizing", tensors.meta[src][3], total)
+        for name, scale in cache_scales.items():  # a few KB: not counted in the progress total
+            writer.append(name, scale)
 
     for extra in sorted(fp_ckpt_dir.iterdir()):  # tokenizer and generation config files
         if extra.is_file() and extra.name not in ("config.json", WEIGHTS_FILE):
@@ -152,7 +164,8 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     config = replace(cfg, quantization=block, num_tensors=len(layout), trtbuild_version=__version__)
     (out_dir / "config.json").write_text(config.to_json())
     nbytes = (out_dir / WEIGHTS_FILE).stat().st_size - 8 - safetensors_header(out_dir / WEIGHTS_FILE)[0]
-    return QuantizeResult(options.scheme, quantized, excluded, len(layout), nbytes, calibration, calib_seconds)
+    return QuantizeResult(options.scheme, quantized, excluded, len(layout), nbytes, calibration, calib_seconds,
+                          options.kv_cache)
 
 
 def _weight_of(prefix: str, tied: bool) -> str:

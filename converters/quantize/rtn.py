@@ -20,8 +20,14 @@ def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w = np.asarray(w, np.float32)
     amax = np.abs(w).max(axis=1)  # [out]
     scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return q, scale
+    return _round_clip(w / scale[:, None], INT8_MAX).astype(np.int8), scale
+
+
+def _round_clip(x: np.ndarray, qmax: int) -> np.ndarray:
+    """round-to-nearest(x) in -qmax..qmax, in place in X (a fresh temporary): a large weight's float
+    temporaries stay at one copy, not one per step."""
+    np.rint(x, out=x)
+    return np.clip(x, -qmax, qmax, out=x)
 
 
 def dequantize_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -61,7 +67,7 @@ def _quantize_blocked(w: np.ndarray, group_size: int, qmax: int) -> tuple[np.nda
     groups = w.reshape(out, inp // group_size, group_size)  # [out, blocks, g]
     amax = np.abs(groups).max(axis=2)  # [out, blocks]
     scale = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
-    q = np.clip(np.rint(groups / scale[:, :, None]), -qmax, qmax).astype(np.int8)
+    q = _round_clip(groups / scale[:, :, None], qmax).astype(np.int8)
     return q.reshape(out, inp), scale
 
 

@@ -33,7 +33,8 @@ def assert_refused(proc: subprocess.CompletedProcess[str], out: Path, *needles: 
     (["--quant", "int3"], ["--quant 'int3' is not a scheme", "none, int8_wo, int4_wo, int4_awq, w8a8_sq, fp8"]),
     (["--quant", "int4_wo", "--group-size", "48"], ["--group-size 48 is not supported", "32, 64, 128"]),
     (["--quant", "int8_wo", "--kv-cache", "int4"], ["--kv-cache 'int4' is not supported", "none, int8, fp8"]),
-    (["--quant", "int8_wo", "--kv-cache", "int8"], ["--kv-cache int8 is not supported yet", "--kv-cache none"]),
+    (["--quant", "int8_wo", "--kv-cache", "fp8"], ["--kv-cache fp8 is not supported", "no fp8-cache kernel",
+                                                   "use --kv-cache int8 (onnxruntime target) or --kv-cache none"]),
     (["--quant", "int4_awq", "--group-size", "32", "--calib", "{tmp}/missing.txt"],
      ["calibration text", "missing.txt", "does not exist", "leave it out to use the shipped text"]),
     (["--quant", "w8a8_sq", "--calib", "{tmp}/empty.txt"], ["calibration text", "empty.txt", "is empty"]),
@@ -43,7 +44,7 @@ def assert_refused(proc: subprocess.CompletedProcess[str], out: Path, *needles: 
     (["--quant", "int8_wo", "--exclude", "layers.0.mlp.up"], ["--exclude 'layers.0.mlp.up' matches no linear",
                                                              "lm_head"]),
     (["--exclude", "lm_head"], ["--exclude picks linears to keep in full precision; it needs a --quant scheme"]),
-], ids=["group-divides", "scheme", "group-size", "kv-cache", "kv-cache-int8", "calib-missing", "calib-empty",
+], ids=["group-divides", "scheme", "group-size", "kv-cache", "kv-cache-fp8", "calib-missing", "calib-empty",
         "calib-unused", "calib-samples", "exclude-typo", "exclude-alone"])
 def test_bad_quant_options(tiny_model_dir, tmp_path, flags, needles):
     (tmp_path / "empty.txt").write_text(" \n\n")

@@ -1,0 +1,24 @@
+"""Static per-channel scales of an int8 KV cache (`--kv-cache int8`), from calibrated max |k| and |v|.
+
+    scales = kv_cache_scales(calib.caches)   # "layers.3.attn.k_cache_scale" -> f32 [kv_heads, head_dim]
+
+The graph stores q = saturate_int8(round_half_even(x / scale)) and reads x' = q * scale
+(FORMAT.md), so scale = absmax / 127 maps every calibrated key and value into -127..127.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converters.quantize.rtn import INT8_MAX
+
+SCALE_DTYPE = "float32"  # whatever the checkpoint dtype: the cache's only precision is in these scales
+
+
+def kv_cache_scales(absmax: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cache prefix ("layers.3.attn.k_cache") -> max |x| [kv_heads, head_dim]  =>  "{prefix}_scale" -> scale.
+
+    A channel that was 0 on every calibration token gets scale 1.0: any scale stores its zeros exactly,
+    and 0 would divide by zero."""
+    return {f"{prefix}_scale": np.where(a > 0, a / INT8_MAX, 1.0).astype(np.float32)  # [kv_heads, head_dim]
+            for prefix, a in absmax.items()}
