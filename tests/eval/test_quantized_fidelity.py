@@ -33,12 +33,14 @@ CONTEXT = 128  # 4 windows side by side in the 4 KV slots of the test engines
 # measured at EVAL_TOKENS / CONTEXT (top-1, KL, ppl / fp32 ppl):
 #   int8_wo per channel 0.949 0.0085 1.012; int8_wo g32 0.951 0.0057 1.001
 #   int4_wo g32 0.569 0.550 1.462; int4_awq g32 0.756 0.250 1.221; int4_awq g64 0.703 0.320 1.289
-#   w8a8_sq 1.470; fp8 (float16 twin) 1.052
+#   w8a8_sq 1.470; fp8 (float16 twin) 1.052; int8 KV cache (float weights) 0.976 0.0015 1.003
 INT8_MIN_TOP1 = 0.94
 INT8_MAX_PPL_RATIO = 1.03
 INT4_AWQ_MAX_PPL_RATIO = {32: 1.26, 64: 1.33}
 W8A8_MAX_PPL_RATIO = 1.55
 FP8_MAX_PPL_RATIO = 1.08
+KV8_MIN_TOP1 = 0.96
+KV8_MAX_KL = 0.003
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +48,17 @@ def quantized(smollm2_ckpt, tmp_path_factory):
     """(scheme, group) -> (checkpoint dir, onnxruntime engine dir), made once each."""
     made = {}
 
-    def get(scheme: str, group: int | None = None):
-        if (scheme, group) not in made:
-            root = tmp_path_factory.mktemp(f"smollm2-{scheme}-{group}")
+    def get(scheme: str, group: int | None = None, kv_cache: str = "none"):
+        if (scheme, group, kv_cache) not in made:
+            root = tmp_path_factory.mktemp(f"smollm2-{scheme}-{group}-{kv_cache}")
             ckpt = root / "ckpt"
             ckpt.mkdir()
-            quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, group, exclude=("lm_head",)))
+            exclude = ("lm_head",) if scheme != "none" else ()
+            quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, group, kv_cache, exclude=exclude))
             # fp8 needs a float16 twin: onnxruntime's float32 kernels refuse FP8 Q/DQ
             dtype = "float16" if scheme == "fp8" else "float32"
-            made[scheme, group] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
-        return made[scheme, group]
+            made[scheme, group, kv_cache] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
+        return made[scheme, group, kv_cache]
 
     return get
 
@@ -64,11 +67,12 @@ def quantized(smollm2_ckpt, tmp_path_factory):
 def fidelity(quantized, smollm2_engine):
     scores = {}
 
-    def get(scheme: str, group: int | None = None):
-        if (scheme, group) not in scores:
-            scores[scheme, group] = evaluate(quantized(scheme, group)[1], reference=smollm2_engine,
-                                             max_tokens=EVAL_TOKENS, context=CONTEXT, backend="onnxruntime")
-        return scores[scheme, group]
+    def get(scheme: str, group: int | None = None, kv_cache: str = "none"):
+        key = scheme, group, kv_cache
+        if key not in scores:
+            scores[key] = evaluate(quantized(*key)[1], reference=smollm2_engine, max_tokens=EVAL_TOKENS,
+                                   context=CONTEXT, backend="onnxruntime")
+        return scores[key]
 
     return get
 
@@ -96,6 +100,14 @@ def test_int4_awq_beats_round_to_nearest(fidelity, group):
 
 def test_smaller_int4_groups_are_closer(fidelity):
     assert fidelity("int4_awq", 32).kl < fidelity("int4_awq", 64).kl
+
+
+def test_int8_kv_cache_stays_close_to_fp32(fidelity):
+    """Float weights, the int8 KV cache (per-channel scales calibrated on the shipped text) read by
+    onnxruntime's GroupQueryAttention."""
+    result = fidelity("none", None, "int8")
+    print(json.dumps({"kv_cache_int8": result.to_json()}))
+    assert result.top1_agreement >= KV8_MIN_TOP1 and result.kl <= KV8_MAX_KL, result
 
 
 @pytest.mark.parametrize(("scheme", "max_ratio"), [("w8a8_sq", W8A8_MAX_PPL_RATIO), ("fp8", FP8_MAX_PPL_RATIO)])
