@@ -48,7 +48,8 @@ def test_quantized_fp16_engine(checkpoint_dir, tmp_path, arch, scheme, group, cc
     assert manifest["checkpoint"]["quantization"]["scheme"] == scheme
     # fp8 stays DequantizeLinear in the twin too (MatMulNBits has no fp8 form); a float16 twin
     # computes MatMulNBits at level 0 (lower_ort_matmulnbits says why)
-    assert manifest["quantization"] == {"scheme": scheme, "onnxruntime_accuracy_level": None if scheme == "fp8" else 0}
+    assert manifest["quantization"] == {"scheme": scheme, "kv_cache": "none",
+                                        "onnxruntime_accuracy_level": None if scheme == "fp8" else 0}
     counts = {r["name"]: r["matches"] for r in manifest["passes"]["onnxruntime"]}
     assert counts["lower_ort_matmulnbits"] == (0 if scheme == "fp8" else n)
     assert (out / "model.onnx.data").exists() == (scheme != "fp8")  # MatMulNBits' rewritten bytes

@@ -79,7 +79,7 @@ def test_ort_twin_equals_unfused_quantized_graph(quantized, tmp_path, arch, sche
     manifest = json.loads((out / "config.json").read_text())
     counts = {r["name"]: r["matches"] for r in manifest["passes"]["onnxruntime"]}
     assert counts["lower_ort_matmulnbits_exact"] == len(CheckpointConfig.load(qckpt).quantization.quantized)
-    assert manifest["quantization"] == {"scheme": scheme, "onnxruntime_accuracy_level": 0}
+    assert manifest["quantization"] == {"scheme": scheme, "kv_cache": "none", "onnxruntime_accuracy_level": 0}
     prompt = prompt_of(20, seed=4)
     tokens, logits = OrtDecoder(out / ORT_MODEL, level="basic").greedy(prompt, STEPS)
     want_tokens, want_logits = greedy(write_onnx(qckpt, tmp_path / "unfused", NetworkOptions(max_seq_len=64)),
