@@ -33,6 +33,10 @@ Semantics checked against the unfused graph (tests/passes/test_lower_ort_attenti
     and needs head_dim % 8 == 0.
   * with past/present in separate buffers GQA writes zeros above each sequence's length, where
     the unfused graph copies the past buffer: identical under graph_io's zero-filled buffers.
+  * an int8 cache (`convert --kv-cache int8`, engine_builder/network/kv_quant.py) is handed to GQA as
+    it is: int8 past/present, kv_cache_bit_width 8, per-channel scales [1, kv_heads, 1, head_dim] as
+    inputs 12 and 13 (k/v_quant_type PER_CHANNEL). onnxruntime 1.31 rounds and saturates as kv_quant
+    does (measured); it needs float32 q/k/v, and has no CPU kernel for an fp8 cache.
 """
 
 from __future__ import annotations

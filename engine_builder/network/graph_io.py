@@ -4,6 +4,7 @@
     position_ids     int64  [batch, seq]          rotary positions (normally past_lengths[b] + t)
     past_lengths     int64  [batch]               valid cached tokens per sequence = KV write offset
     past_key.{i}     dtype  [batch, kv_heads, max_seq, head_dim]   static cache buffer, layer i
+                                                                   (int8 with `convert --kv-cache int8`)
     past_value.{i}   dtype  [batch, kv_heads, max_seq, head_dim]
     ->
     logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits)
