@@ -12,6 +12,7 @@ import json
 import numpy as np
 import onnx_ir as ir
 import pytest
+from cli_process import trtbuild
 from hf_reference import hf_greedy, prompt_of
 from kv_int8 import hf_cache_absmax, hf_greedy_int8_cache, with_int8_kv_cache
 from ort_helpers import OrtDecoder
@@ -77,3 +78,8 @@ def test_runner_generates_on_an_int8_cache_as_hf_does(int8_ckpt, model_dir, tmp_
     for prompt, output in zip(prompts, outputs):
         assert list(output.token_ids) == hf_greedy_int8_cache(model_dir("llama"), prompt, 12, scales)[0]
     assert llm.backend.kv.keys[0].dtype == np.int8  # a quarter of the float32 cache's bytes
+    info = trtbuild("inspect", out, "--json")
+    assert info.returncode == 0, info.stderr
+    quant = json.loads(info.stdout)["quantization"]
+    assert (quant["scheme"], quant["kv_cache"], quant["onnxruntime_accuracy_level"]) == ("none", "int8", None)
+    assert "KV cache int8" in trtbuild("inspect", out).stdout
