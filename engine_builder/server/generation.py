@@ -30,7 +30,15 @@ from engine_builder.executor import Executor, RequestHandle, TokenEvent
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.config import ServerConfig
-from engine_builder.server.errors import GENERATION, OVERLOADED, UNAVAILABLE, VALIDATION, ApiError, from_trtbuild_error
+from engine_builder.server.errors import (
+    GENERATION,
+    OVERLOADED,
+    UNAVAILABLE,
+    VALIDATION,
+    ApiError,
+    error_body,
+    from_trtbuild_error,
+)
 from engine_builder.server.metrics import ServerMetrics
 
 # How often a non-streaming request checks that its client is still connected: a disconnect frees
@@ -177,6 +185,12 @@ def sse(data: Mapping[str, Any] | str) -> str:
     """One server-sent event (`data: ...` and a blank line)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {payload}\n\n"
+
+
+def failed_sse(openai: bool, error: str | None) -> str:
+    """The SSE error event that ends a stream whose request failed (ERROR) or was cancelled (None)."""
+    message = error or "the request was cancelled (the server is shutting down)"
+    return sse(error_body(openai, GENERATION, f"generation failed: {message}"))
 
 
 class EventStream(StreamingResponse):

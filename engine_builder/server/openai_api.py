@@ -22,12 +22,13 @@ from fastapi import APIRouter, Depends, Request
 
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.server.errors import GENERATION, MODEL_NOT_FOUND, VALIDATION, ApiError, error_body
+from engine_builder.server.errors import MODEL_NOT_FOUND, VALIDATION, ApiError
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
     ServerState,
     admit,
+    failed_sse,
     max_new_tokens,
     server_state,
     sse,
@@ -50,11 +51,11 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
 
 
 def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    # stop: a string or a list, as OpenAI allows; SamplingParams takes both
     return state.executor.llm.default_params(
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=stop or None, logprobs=logprobs)
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs)
 
 
 def _envelope(kind: str, model: str) -> Callable[..., dict[str, Any]]:
@@ -84,8 +85,7 @@ def _stream(active: ActiveRequest, body: SamplingFields, make: Callable[..., dic
             yield sse(make(choices=[first], **extra))
         async for event in active.events():
             if event.token_id is None:  # cancelled or failed
-                message = event.error or "the request was cancelled (the server is shutting down)"
-                yield sse(error_body(True, GENERATION, f"generation failed: {message}"))
+                yield failed_sse(True, event.error)
                 yield sse("[DONE]")
                 return
             yield sse(make(choices=[choice(event.text, event.logprob, event.finish_reason)], **extra))

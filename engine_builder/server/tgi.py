@@ -24,12 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.server.errors import GENERATION, VALIDATION, ApiError, error_body
+from engine_builder.server.errors import VALIDATION, ApiError
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
     ServerState,
     admit,
+    failed_sse,
     max_new_tokens,
     server_state,
     sse,
@@ -92,7 +93,7 @@ def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: boo
         temperature=(1.0 if p.temperature is None else p.temperature) if sample else 0.0,
         top_k=p.top_k or 0, top_p=1.0 if p.top_p is None else p.top_p,  # TGI's neutral values, not the model's
         repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty, seed=seed,
-        stop=tuple(p.stop), logprobs=(p.top_n_tokens or 0) if want_logprobs else None)
+        stop=p.stop, logprobs=(p.top_n_tokens or 0) if want_logprobs else None)
 
 
 def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
@@ -148,8 +149,7 @@ def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
         index = 0
         async for event in active.events():
             if event.token_id is None:  # cancelled or failed: TGI's error event ends the stream
-                message = event.error or "the request was cancelled (the server is shutting down)"
-                yield sse(error_body(False, GENERATION, f"generation failed: {message}"))
+                yield failed_sse(False, event.error)
                 return
             index += 1
             lp = event.logprob
