@@ -317,7 +317,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Show what an engine dir holds and whether it can run on this machine (decided without loading it)."""
-    from engine_builder.engine_dir import summarize
+    from engine_builder.engine_dir import describe_quantization, quantization_of, summarize
 
     summary = summarize(engine_dir)
     m = summary.manifest
@@ -325,7 +325,7 @@ def inspect(
         print_json({"path": summary.path, "model": m["model"], "dtype": m["build"]["dtype"],
                     "limits": m["build"]["limits"], "targets": m["targets"], "versions": m["versions"],
                     "passes": m["passes"], "tensorrt": m["tensorrt"], "files": summary.files,
-                    "graph_hashes": m["graph_hashes"], "quantization": _quantization(m),
+                    "graph_hashes": m["graph_hashes"], "quantization": quantization_of(m),
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
                                 "onnxruntime": {"ok": summary.onnxruntime_ok}}})
         return
@@ -336,8 +336,8 @@ def inspect(
     table.add_row("precision", f"{build_cfg['dtype']} (checkpoint {m['checkpoint']['dtype']})")
     table.add_row("limits", ", ".join(f"{k} {v}" for k, v in build_cfg["limits"].items()))
     table.add_row("targets", ", ".join(m["targets"]))
-    if (q := _quantization(m)) is not None:
-        table.add_row("quantization", _describe_quantization(q))
+    if (q := quantization_of(m)) is not None:
+        table.add_row("quantization", describe_quantization(q))
     trt = m.get("tensorrt")
     if trt:
         table.add_row("tensorrt", f"{trt['flavour']} {trt['trt_version']}, targets {','.join(trt['targets'])}, "
@@ -349,30 +349,6 @@ def inspect(
     table.add_row("tensorrt here", summary.tensorrt_verdict)
     table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
     stdout.print(table)
-
-
-def _quantization(manifest: dict) -> dict | None:
-    """The checkpoint's quantization block plus how the onnxruntime twin runs it; None when nothing is quantized."""
-    block = (manifest.get("checkpoint") or {}).get("quantization") or {}
-    if block.get("scheme", "none") == "none" and block.get("kv_cache", "none") == "none":
-        return None
-    level = (manifest.get("quantization") or {}).get("onnxruntime_accuracy_level")
-    return {**block, "onnxruntime_accuracy_level": level}
-
-
-def _describe_quantization(q: dict) -> str:
-    parts = []
-    if q["scheme"] != "none":
-        group = f" group {q['group_size']}" if q.get("group_size") else ""
-        parts.append(f"{q['scheme']}{group}: {len(q['quantized'])} linears, {len(q['excluded'])} kept float")
-    if q.get("kv_cache", "none") != "none":
-        parts.append(f"KV cache {q['kv_cache']}")
-    if q.get("calibration"):
-        c = q["calibration"]
-        parts.append(f"calibrated on {c['source']} ({c['samples']} x {c['seq_len']} tokens)")
-    if q["onnxruntime_accuracy_level"] is not None:
-        parts.append(f"onnxruntime MatMulNBits accuracy level {q['onnxruntime_accuracy_level']}")
-    return "; ".join(parts)
 
 
 def _register_run() -> None:

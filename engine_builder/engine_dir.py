@@ -55,3 +55,28 @@ def summarize(engine_dir: Path) -> EngineSummary:
     else:
         ok, verdict = False, "no TensorRT engine in this dir (built for onnxruntime only)"
     return EngineSummary(str(engine_dir), manifest, files, ok, verdict, ORT_MODEL in files)
+
+
+def quantization_of(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's quantization block plus how the onnxruntime twin runs it; None when nothing is quantized."""
+    block = (manifest.get("checkpoint") or {}).get("quantization") or {}
+    if block.get("scheme", "none") == "none" and block.get("kv_cache", "none") == "none":
+        return None
+    level = (manifest.get("quantization") or {}).get("onnxruntime_accuracy_level")
+    return {**block, "onnxruntime_accuracy_level": level}
+
+
+def describe_quantization(q: dict[str, Any]) -> str:
+    """quantization_of's block in one line, for `trtbuild inspect`."""
+    parts = []
+    if q["scheme"] != "none":
+        group = f" group {q['group_size']}" if q.get("group_size") else ""
+        parts.append(f"{q['scheme']}{group}: {len(q['quantized'])} linears, {len(q['excluded'])} kept float")
+    if q.get("kv_cache", "none") != "none":
+        parts.append(f"KV cache {q['kv_cache']}")
+    if q.get("calibration"):
+        c = q["calibration"]
+        parts.append(f"calibrated on {c['source']} ({c['samples']} x {c['seq_len']} tokens)")
+    if q["onnxruntime_accuracy_level"] is not None:
+        parts.append(f"onnxruntime MatMulNBits accuracy level {q['onnxruntime_accuracy_level']}")
+    return "; ".join(parts)
