@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converters.quantize.rtn import INT8_MAX
+from converters.quantize.rtn import INT8_MAX, symmetric_scale
 
 SCALE_DTYPE = "float32"  # whatever the checkpoint dtype: the cache's only precision is in these scales
 
@@ -18,7 +18,5 @@ SCALE_DTYPE = "float32"  # whatever the checkpoint dtype: the cache's only preci
 def kv_cache_scales(absmax: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Cache prefix ("layers.3.attn.k_cache") -> max |x| [kv_heads, head_dim]  =>  "{prefix}_scale" -> scale.
 
-    A channel that was 0 on every calibration token gets scale 1.0: any scale stores its zeros exactly,
-    and 0 would divide by zero."""
-    return {f"{prefix}_scale": np.where(a > 0, a / INT8_MAX, 1.0).astype(np.float32)  # [kv_heads, head_dim]
-            for prefix, a in absmax.items()}
+    A channel that was 0 on every calibration token gets scale 1.0 (rtn.symmetric_scale)."""
+    return {f"{prefix}_scale": symmetric_scale(a, INT8_MAX) for prefix, a in absmax.items()}  # [kv_heads, head_dim]

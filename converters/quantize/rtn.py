@@ -18,9 +18,14 @@ INT4_MAX = 7  # symmetric: -7..7, so the scale is amax / 7 and -8 is never produ
 def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """w: [out, in] float -> (q int8 [out, in], scale float32 [out])."""
     w = np.asarray(w, np.float32)
-    amax = np.abs(w).max(axis=1)  # [out]
-    scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
+    scale = symmetric_scale(np.abs(w).max(axis=1), INT8_MAX)  # [out]
     return _round_clip(w / scale[:, None], INT8_MAX).astype(np.int8), scale
+
+
+def symmetric_scale(amax: np.ndarray, qmax: int) -> np.ndarray:
+    """amax / qmax as float32, so amax maps to qmax; 1.0 where amax is 0 (any scale stores zeros exactly,
+    and 0 would divide by zero)."""
+    return np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
 
 
 def _round_clip(x: np.ndarray, qmax: int) -> np.ndarray:
@@ -65,8 +70,7 @@ def _quantize_blocked(w: np.ndarray, group_size: int, qmax: int) -> tuple[np.nda
     out, inp = w.shape
     check_group_size(inp, group_size)
     groups = w.reshape(out, inp // group_size, group_size)  # [out, blocks, g]
-    amax = np.abs(groups).max(axis=2)  # [out, blocks]
-    scale = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
+    scale = symmetric_scale(np.abs(groups).max(axis=2), qmax)  # [out, blocks]
     q = _round_clip(groups / scale[:, :, None], qmax).astype(np.int8)
     return q.reshape(out, inp), scale
 
