@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters.base import Plan, PlannedTensor, TensorInfo, get_converter, plan_conversion
-from converters.quantize import prequantized
+from converters.quantize import gguf_blocks, prequantized
 from converters.quantize.options import QuantOptions, select_linears
 from converters.quantize.prequantized import PrequantizedFormat
 from converters.quantize.quantized_checkpoint import Progress, quantize_checkpoint
@@ -47,10 +47,15 @@ class ConversionPlan:
     dtype: str
     infos: dict[str, TensorInfo]  # the source's, a packed linear standing as its [out, in] weight
     prequantized: PrequantizedFormat | None = None
+    quantization: Quantization = Quantization()  # what the source's own blocks keep (--quant gguf)
 
     def packed(self, t: PlannedTensor) -> bool:
         """Is planned tensor `t` a linear weight that a pre-quantized source stores packed?"""
         return self.infos[t.sources[0]].dtype == prequantized.WEIGHT_DTYPE
+
+    def gguf_blocks(self, t: PlannedTensor) -> bool:
+        """Is planned tensor `t` a linear weight kept as the GGUF's own 4-bit blocks?"""
+        return self.quantization.scheme == "gguf" and t.name.removesuffix(".weight") in self.quantization.quantized
 
     @property
     def total_bytes(self) -> int:
@@ -80,8 +85,10 @@ class ConvertResult:
     calibration_seconds: float = 0.0
 
 
-def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
-    """Open SRC, normalize its config and map every tensor; reads no tensor data."""
+def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str, ...] = ()) -> ConversionPlan:
+    """Open SRC, normalize its config and map every tensor; reads no tensor data.
+
+    QUANT "gguf" keeps the 4-bit blocks of a GGUF source (but the linears EXCLUDE matches) as they are."""
     if dtype != "auto" and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     source = open_source(Path(src))
@@ -95,7 +102,10 @@ def plan(src: Path, dtype: str = "auto") -> ConversionPlan:
     conversion = plan_conversion(converter, model, infos)
     if dtype == "auto":
         dtype = _auto_dtype(conversion, infos)
-    return ConversionPlan(source, model, conversion, dtype, infos, fmt)
+    kept = Quantization()
+    if quant == "gguf":
+        kept = gguf_blocks.quantization_block(*gguf_blocks.kept_linears(source, model, conversion.tensors, exclude))
+    return ConversionPlan(source, model, conversion, dtype, infos, fmt, kept)
 
 
 def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
@@ -126,9 +136,11 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     options.validate()
     started = time.perf_counter()
     peak = PeakRss()
-    quantizing = options.quantizing
+    # a second pass over a float checkpoint; --quant gguf keeps the source's blocks while converting instead
+    quantizing = options.quantizing and options.scheme != "gguf"
     # only a scheme's weights default to float32; a KV cache's scales are float32 whatever the weights
-    cp = plan(src, "float32" if options.scheme != "none" and dtype == "auto" else dtype)
+    cp = plan(src, "float32" if options.scheme != "none" and dtype == "auto" else dtype, options.scheme,
+              options.exclude)
     if cp.prequantized and options.scheme != "none":
         raise InputError(f"{src} is already quantized ({cp.prequantized.method}); it is ingested as it is, "
                          f"so drop --quant {options.scheme} (or convert its unquantized original with it)")
@@ -190,7 +202,7 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
                       progress: Progress | None) -> _Written:
     """Stream the planned tensors into OUT (a float checkpoint, or the re-laid-out pre-quantized one)."""
     itemsize = DTYPES[cp.dtype]
-    quantization, sym = Quantization(), False
+    quantization, sym = cp.quantization, False
     if cp.prequantized:
         quantization = prequantized.quantization_block(cp.source, cp.model, cp.plan.tensors, cp.infos,
                                                        cp.prequantized)
@@ -199,12 +211,17 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
     for t in cp.plan.tensors:
         if cp.packed(t):
             layout += prequantized.linear_layout(t, cp.dtype, cp.prequantized.group_size, sym)
+        elif cp.gguf_blocks(t):
+            layout += gguf_blocks.linear_layout(t, cp.dtype)
         else:
             layout.append((t.name, cp.dtype, t.shape))
     with StreamingSafetensorsWriter(out / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
         for t in cp.plan.tensors:
-            if cp.packed(t):
-                prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
+            if cp.packed(t) or cp.gguf_blocks(t):
+                if cp.packed(t):
+                    prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
+                else:
+                    gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
                 if progress:
                     progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
                 continue

@@ -133,6 +133,23 @@ class GGUFSource:
             self._mapping.madvise(mmap.MADV_DONTNEED)
         return out
 
+    def block_types(self) -> dict[str, str]:
+        """HF name -> the ggml type it is stored as ("F32", "Q4_1", "Q8_0", ...)."""
+        return {hf: t.tensor_type.name for hf, t in self._tensors.items()}
+
+    def load_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A Q4_0/Q4_1 tensor's blocks as they are: (codes int8 [out, in], scale f32 [out, in/32],
+        offset f32 [out, in/32]), rows in HF order (converters/quantize/gguf_blocks.py)."""
+        from converters.quantize.gguf_blocks import decode
+
+        t = self._tensors[name]
+        # blocks run along the inputs, so the fix-up's row permutation applies to each part alike
+        parts = tuple(np.ascontiguousarray(self._fixup(t.name, a, self._raw_config))
+                      for a in decode(np.asarray(t.data), t.tensor_type.name))
+        if self._mapping is not None:
+            self._mapping.madvise(mmap.MADV_DONTNEED)
+        return parts
+
     def raw_range(self, name: str) -> None:
         return None  # every GGUF tensor is dequantized, never copied as stored
 

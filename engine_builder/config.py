@@ -134,7 +134,7 @@ class SourceFingerprint:
     files: tuple[SourceFile, ...]
 
 
-QuantScheme = Literal["none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8", "awq", "gptq"]
+QuantScheme = Literal["none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8", "awq", "gptq", "gguf"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class Quantization:
 
     scheme: how the weights were made. int8_wo / int4_wo are round-to-nearest, int4_awq adds
     activation-aware scales, w8a8_sq SmoothQuant, fp8 per-tensor e4m3; awq / gptq are
-    pre-quantized Hugging Face checkpoints ingested as they are.
+    pre-quantized Hugging Face checkpoints ingested as they are; gguf keeps a GGUF's Q4_0/Q4_1 blocks.
     """
 
     scheme: QuantScheme = "none"
@@ -163,7 +163,7 @@ class Quantization:
     activation: Literal["none", "int8", "fp8"] = "none"  # static per-tensor activation quantization
     kv_cache: Literal["none", "int8", "fp8"] = "none"
     quantized: tuple[str, ...] = ()  # canonical linear prefixes stored quantized, e.g. "layers.0.attn.qkv"
-    excluded: tuple[str, ...] = ()  # linear prefixes kept in full precision by --exclude
+    excluded: tuple[str, ...] = ()  # linear prefixes kept in full precision (--exclude; gguf: other block types)
     calibration: CalibrationInfo | None = None
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from engine_builder.config import ModelConfig
 from engine_builder.errors import InputError, UnsupportedError
 
-SCHEMES = ("none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8")
+# gguf: keep a GGUF file's own Q4_0/Q4_1 blocks (converters/quantize/gguf_blocks.py), nothing re-quantized
+SCHEMES = ("none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8", "gguf")
 # schemes whose scales come from activation statistics of calibration text
 CALIBRATED = ("int4_awq", "w8a8_sq", "fp8")
 INT4 = ("int4_wo", "int4_awq")
@@ -61,6 +62,10 @@ class QuantOptions:
         if self.group_size is not None and self.group_size not in GROUP_SIZES:
             raise InputError(f"--group-size {self.group_size} is not supported; choose one of "
                              f"{', '.join(map(str, GROUP_SIZES))}")
+        if self.scheme == "gguf" and (self.group_size is not None or self.kv_cache != "none"):
+            raise UnsupportedError("--quant gguf keeps the file's own blocks of 32 inputs as they are, so it takes "
+                                   "no --group-size, and no --kv-cache yet (its scales need a float checkpoint "
+                                   "to calibrate); drop them, or use --quant int4_awq")
         if self.group_size is not None and self.scheme not in GROUPED:
             raise InputError(f"--group-size applies to {', '.join(GROUPED)}; --quant {self.scheme} has one weight "
                              f"scale per {'output channel' if self.scheme == 'w8a8_sq' else 'tensor'}, so drop it")

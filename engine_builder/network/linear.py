@@ -3,6 +3,7 @@
     float      y = x @ W.T                                       W [out, in]
     quantized  y = x' @ Transpose(DequantizeLinear(W_q, scale[, zero]))
                x' = DequantizeLinear(QuantizeLinear(x, s), s)    only with activation quantization
+    gguf       y += ReduceSum(x in blocks of 32) @ offset.T      a GGUF Q4_1 block's w = q * scale + offset
 
 The quantized weight stays [out, in] in rank0.safetensors and is referenced by byte offset:
 int8 per channel (DQ axis 0) or blocked (DQ axis 1, block_size g), int4 blocked (an INT4/UINT4
@@ -44,4 +45,16 @@ def linear(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, prefix: str, bias
         # static per-tensor activation scale (SmoothQuant int8, fp8): x_q = round(x / s), zero point 0
         s = w[prefix + ".input_scale"]
         x = b.op("DequantizeLinear", b.op("QuantizeLinear", x, s, output_dtype=ACTIVATION_TYPES[q.activation]), s)
-    return b.linear(x, weight, bias)
+    y = b.linear(x, weight, bias)
+    return b.op("Add", y, _block_offsets(b, w, x, prefix, q.group_size)) if q.scheme == "gguf" else y
+
+
+def _block_offsets(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, prefix: str, block: int) -> ir.Value:
+    """x [batch, seq, in] -> [batch, seq, out]: each block's offset times the sum of its inputs.
+
+    sum_k x[k] * offset[o, k // block] is the offset's share of x @ W.T. Kept apart from the codes so
+    the int4 part stays the DQ -> MatMul that TensorRT and MatMulNBits fuse (a DQ followed by an Add
+    would be dequantized every step); it is a float GEMM 1/block the size of the int4 one."""
+    blocks = b.op("Reshape", x, b.ints([0, 0, -1, block]))  # [batch, seq, in/block, block]
+    sums = b.op("ReduceSum", blocks, b.ints([-1]), keepdims=0)  # [batch, seq, in/block]
+    return b.linear(sums, w[prefix + ".weight_offset"])  # offset [out, in/block]

@@ -69,6 +69,8 @@ def quantized_layout(q: Quantization, prefix: str, out: int, inp: int) -> dict[s
                                        f"an ONNX uint4 tensor; convert the float model with --quant int4_awq")
             layout[".weight_zero"] = StoredLayout((ir.DataType.UINT8,), (out, blocks // 2), ir.DataType.UINT4,
                                                   (out, blocks))
+        if q.scheme == "gguf":  # Q4_1's per-block offset (FORMAT.md)
+            layout[".weight_offset"] = StoredLayout(FLOATS, (out, blocks))
     if q.activation != "none":
         layout[".input_scale"] = StoredLayout((F32,), ())
     return {prefix + suffix: v for suffix, v in layout.items()}

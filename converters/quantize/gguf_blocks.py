@@ -1,0 +1,97 @@
+"""A GGUF file's own 4-bit blocks kept as they are: `trtbuild convert model.gguf OUT --quant gguf`.
+
+llama.cpp's Q4_0 and Q4_1 store each run of 32 inputs of a weight row as one block:
+
+    Q4_0  fp16 d,           16 bytes of nibbles    w = d * (q - 8)      q in 0..15
+    Q4_1  fp16 d, fp16 m,   16 bytes of nibbles    w = d * q + m
+          nibble j of byte i: input i (low nibble) or input i + 16 (high nibble)
+
+Both are w = d * (q - 8) + offset with offset = m + 8d (0 for Q4_0): signed int4 codes with one
+scale per 32 inputs, which is FORMAT.md's int4 row, plus a float offset per block (its gguf row).
+So the canonical checkpoint dequantizes to exactly the weights the GGUF does, and the graph
+(network/linear.py) keeps TensorRT's and onnxruntime's fused int4 GEMM for the codes and adds the
+offsets as a small float product. Other block types (Q8_0, K-quants, ...) are dequantized to float
+and listed as kept float; a fused linear (qkv, gate_up) keeps its blocks only when every part has them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from converters.base import PlannedTensor
+from converters.quantize.options import linear_prefixes
+from converters.quantize.quantized_checkpoint import FLOAT_DTYPES
+from converters.quantize.rtn import pack_int4
+from engine_builder.config import ModelConfig, Quantization
+from engine_builder.errors import InputError
+
+if TYPE_CHECKING:
+    from converters.gguf_source import GGUFSource
+    from converters.safetensors_writer import StreamingSafetensorsWriter
+    from converters.sources import Source
+
+BLOCK = 32  # inputs per block, and so the checkpoint's group size
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}  # fp16 d [, fp16 m], 16 bytes of nibbles
+
+
+def decode(blocks: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw GGUF rows, uint8 [rows, in/32 * block bytes] -> (codes int8 -8..7 [rows, in],
+    scale float32 [rows, in/32], offset float32 [rows, in/32]): w = codes * scale + offset."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, BLOCK_BYTES[qtype])  # [rows, in/32, block bytes]
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, in/32]
+    offset = (b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if qtype == "Q4_1"
+              else np.zeros_like(d))
+    nibbles = b[..., -BLOCK // 2:]  # [rows, in/32, 16]
+    codes = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).astype(np.int8) - 8  # [rows, in/32, 32]
+    return codes.reshape(rows, -1), d, offset
+
+
+def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTensor, ...],
+                 exclude: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(linears whose every part is a Q4_0/Q4_1 tensor, the other linears) by canonical prefix; the
+    first are stored as blocks, the rest float. --exclude patterns send a linear to the second."""
+    if source.kind != "gguf":
+        raise InputError(f"--quant gguf keeps a GGUF file's own 4-bit blocks, but the source is a {source.kind} "
+                         f"checkpoint; use --quant int4_awq (or int4_wo) to quantize it")
+    planned = {t.name: t for t in tensors}
+    types = source.block_types()  # HF name -> ggml type name
+    kept, floats = [], []
+    for p in linear_prefixes(model):
+        if f"{p}.weight" not in planned:  # a tied lm_head
+            continue
+        parts = planned[f"{p}.weight"].sources
+        excluded = any(fnmatch.fnmatchcase(p, pat) for pat in exclude)
+        (floats if excluded or any(types[s] not in BLOCK_BYTES for s in parts) else kept).append(p)
+    if not kept:
+        found = sorted({types[s] for p in floats for s in planned[f"{p}.weight"].sources})
+        raise InputError(f"{source.files()[0].name} has no linear stored as Q4_0 or Q4_1 (its linears are "
+                         f"{', '.join(found)}{', or --exclude matched them all' if exclude else ''}); convert "
+                         f"without --quant to dequantize it, or with --quant int4_awq to re-quantize it")
+    return tuple(kept), tuple(floats)
+
+
+def quantization_block(kept: tuple[str, ...], floats: tuple[str, ...]) -> Quantization:
+    return Quantization(scheme="gguf", weight_bits=4, group_size=BLOCK, quantized=kept, excluded=floats)
+
+
+def linear_layout(t: PlannedTensor, dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The tensors of planned weight `t` ([out, in]): FORMAT.md's gguf row."""
+    prefix = t.name.removesuffix(".weight")
+    out, inp = t.shape
+    return [(t.name, "uint8", (out, inp // 2)), (f"{prefix}.weight_scale", dtype, (out, inp // BLOCK)),
+            (f"{prefix}.weight_offset", dtype, (out, inp // BLOCK))]
+
+
+def append_linear(source: GGUFSource, writer: StreamingSafetensorsWriter, t: PlannedTensor, dtype: str) -> None:
+    """Write planned weight `t`: its parts' codes, then scales, then offsets, each fused by rows."""
+    parts = [source.load_blocks(name) for name in t.sources]
+    prefix = t.name.removesuffix(".weight")
+    for codes, _, _ in parts:
+        writer.append(t.name, pack_int4(codes))  # [rows, in/2]
+    for suffix, i in (("weight_scale", 1), ("weight_offset", 2)):
+        for part in parts:
+            writer.append(f"{prefix}.{suffix}", part[i].astype(FLOAT_DTYPES[dtype]))  # [rows, in/32]
