@@ -18,6 +18,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from tiny_gguf import GGUF_NAME, HEAD_DIM, hf_weights, llama_cpp_permute, n_head_if_permuted, write_tiny_llama
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from converters.gguf_source import GGUFSource
@@ -128,81 +129,6 @@ def test_written_tokenizer_files(tokenizers_pair, smollm2_gguf):
 
 # ---------------------------------------------------------------- tiny GGUFs, every block format
 
-# 256 wide everywhere so that the 256-element K-quant / ternary blocks fit every matrix
-HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 128, 2
-HEAD_DIM = HIDDEN // HEADS
-
-
-def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute: what GGUFSource has to undo."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _hf_weights(rng: np.random.Generator, ternary: bool) -> dict[str, np.ndarray]:
-    """HF-named, HF-oriented float32 weights of an untied tiny llama."""
-    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN),
-              "model.norm.weight": (HIDDEN,)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
-                   p + "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
-                   p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-                   p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-                   p + "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
-                   p + "mlp.gate_proj.weight": (FFN, HIDDEN), p + "mlp.up_proj.weight": (FFN, HIDDEN),
-                   p + "mlp.down_proj.weight": (HIDDEN, FFN)}
-    out = {}
-    for name, shape in shapes.items():
-        if len(shape) == 1:
-            out[name] = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif ternary:  # TQ1_0/TQ2_0 only represent {-d, 0, d} per block
-            out[name] = (0.5 * rng.integers(-1, 2, shape)).astype(np.float32)
-        else:
-            out[name] = rng.standard_normal(shape).astype(np.float32)
-    return out
-
-
-GGUF_NAME = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
-             "model.norm.weight": "output_norm.weight"} | {
-    f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for i in range(LAYERS) for hf, g in [
-        ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
-        ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
-        ("self_attn.o_proj", "attn_output"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
-        ("mlp.down_proj", "ffn_down")]}
-
-
-def _n_head_if_permuted(hf_name: str) -> int | None:
-    return HEADS if "q_proj" in hf_name else KV_HEADS if "k_proj" in hf_name else None
-
-
-def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch: str = "llama",
-                     rope_scaling: gguf.RopeScalingType | None = None) -> Path:
-    """A GGUF with the llama.* metadata transformers' GGUF config reader needs; `tensors` maps
-    GGUF name -> (stored array, as gguf.quants.quantize returns it, and its ggml type)."""
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name("tiny test llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(VOCAB)  # with it, transformers' config reader needs no tokenizer.ggml.tokens
-    if rope_scaling is not None:
-        w.add_rope_scaling_type(rope_scaling)
-        w.add_rope_scaling_factor(4.0)
-    for name, (data, qtype) in tensors.items():
-        w.add_tensor(name, data, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def _supports(op, qtype: Q) -> bool:
     try:
         op(np.zeros((1, 256), np.float32) if op is quantize else np.zeros((1, GGML_QUANT_SIZES[qtype][1]),
@@ -226,11 +152,11 @@ def test_gguf_package_still_quantizes_the_types_we_test():
 
 @pytest.mark.parametrize("qtype", list(QUANTIZABLE_TOLERANCE), ids=lambda q: q.name)
 def test_quantized_tensors_dequantize_like_gguf(qtype: Q, tmp_path):
-    originals = _hf_weights(np.random.default_rng(qtype.value), ternary=qtype in (Q.TQ1_0, Q.TQ2_0))
+    originals = hf_weights(np.random.default_rng(qtype.value), ternary=qtype in (Q.TQ1_0, Q.TQ2_0))
     stored: dict[str, tuple[np.ndarray, Q]] = {}
     for hf, w in originals.items():
-        if (n_head := _n_head_if_permuted(hf)) is not None:
-            w = _llama_cpp_permute(w, n_head)
+        if (n_head := n_head_if_permuted(hf)) is not None:
+            w = llama_cpp_permute(w, n_head)
         # llama.cpp keeps 1-D norms in F32 whatever the file type
         stored[GGUF_NAME[hf]] = (w, Q.F32) if w.ndim == 1 else (quantize(w, qtype), qtype)
     source = GGUFSource(write_tiny_llama(tmp_path / f"tiny-{qtype.name}.gguf", stored))
@@ -242,8 +168,8 @@ def test_quantized_tensors_dequantize_like_gguf(qtype: Q, tmp_path):
         assert got.dtype == torch.float32 and tuple(got.shape) == original.shape == source.tensor_infos()[hf].shape
         data, stored_type = stored[GGUF_NAME[hf]]
         expected = dequantize(data, stored_type)
-        n_head = _n_head_if_permuted(hf)
-        on_disk_order = _llama_cpp_permute(got.numpy(), n_head) if n_head else got.numpy()
+        n_head = n_head_if_permuted(hf)
+        on_disk_order = llama_cpp_permute(got.numpy(), n_head) if n_head else got.numpy()
         np.testing.assert_array_equal(on_disk_order, expected, err_msg=hf)
         err = np.abs(got.numpy() - original).max() / np.abs(original).max()
         assert err <= (tol if stored_type == qtype else 0.0), f"{hf}: relative error {err:.4f}"
@@ -255,26 +181,26 @@ def test_dequant_only_block_formats(qtype: Q, tmp_path):
     random blocks. Every byte is masked with 0x3B, which keeps each fp16/fp8 scale finite."""
     rng = np.random.default_rng(qtype.value)
     stored: dict[str, tuple[np.ndarray, Q]] = {}
-    for hf, w in _hf_weights(rng, ternary=False).items():
+    for hf, w in hf_weights(rng, ternary=False).items():
         if w.ndim == 1:
             stored[GGUF_NAME[hf]] = (w, Q.F32)
             continue
         row_bytes = w.shape[1] // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1]
         stored[GGUF_NAME[hf]] = (rng.integers(0, 256, (w.shape[0], row_bytes), np.uint8) & 0x3B, qtype)
     source = GGUFSource(write_tiny_llama(tmp_path / f"tiny-{qtype.name}.gguf", stored))
-    for hf in _hf_weights(rng, ternary=False):
+    for hf in hf_weights(rng, ternary=False):
         got = source.load(hf).numpy()
         data, stored_type = stored[GGUF_NAME[hf]]
-        n_head = _n_head_if_permuted(hf)
+        n_head = n_head_if_permuted(hf)
         expected = dequantize(data, stored_type)
         assert np.isfinite(expected).all() and np.abs(expected).max() > 0
-        np.testing.assert_array_equal(_llama_cpp_permute(got, n_head) if n_head else got, expected, err_msg=hf)
+        np.testing.assert_array_equal(llama_cpp_permute(got, n_head) if n_head else got, expected, err_msg=hf)
 
 
 def test_tiny_untied_gqa_model_matches_transformers(tmp_path):
     """Cross-check names (incl. lm_head) and the K un-permutation with 2 KV heads against HF."""
-    originals = _hf_weights(np.random.default_rng(7), ternary=False)
-    stored = {GGUF_NAME[hf]: (quantize(_llama_cpp_permute(w, n) if (n := _n_head_if_permuted(hf)) else w,
+    originals = hf_weights(np.random.default_rng(7), ternary=False)
+    stored = {GGUF_NAME[hf]: (quantize(llama_cpp_permute(w, n) if (n := n_head_if_permuted(hf)) else w,
                                        Q.Q8_0 if w.ndim == 2 else Q.F32), Q.Q8_0 if w.ndim == 2 else Q.F32)
               for hf, w in originals.items()}
     path = write_tiny_llama(tmp_path / "tiny.gguf", stored)
@@ -343,7 +269,7 @@ def test_unsupported_architecture(gguf_arch, tmp_path):
 
 def test_rope_table_is_refused_not_dropped(tmp_path):
     """llama 3.1-style rope scaling lives in rope_freqs.weight; transformers' config loses it."""
-    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in _hf_weights(np.random.default_rng(0), False).items()}
+    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in hf_weights(np.random.default_rng(0), False).items()}
     stored["rope_freqs.weight"] = (np.ones(HEAD_DIM // 2, np.float32), Q.F32)
     with pytest.raises(UnsupportedError) as e:
         GGUFSource(write_tiny_llama(tmp_path / "rope.gguf", stored))
@@ -352,7 +278,7 @@ def test_rope_table_is_refused_not_dropped(tmp_path):
 
 @pytest.mark.parametrize("scaling", [gguf.RopeScalingType.LINEAR, gguf.RopeScalingType.YARN], ids=str)
 def test_rope_scaling_metadata_is_refused_not_dropped(scaling, tmp_path):
-    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in _hf_weights(np.random.default_rng(0), False).items()}
+    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in hf_weights(np.random.default_rng(0), False).items()}
     path = write_tiny_llama(tmp_path / "scaled.gguf", stored, rope_scaling=scaling)
     with pytest.raises(UnsupportedError) as e:
         GGUFSource(path)
@@ -362,7 +288,7 @@ def test_rope_scaling_metadata_is_refused_not_dropped(scaling, tmp_path):
 
 
 def test_gguf_without_tokenizer_metadata(tmp_path):
-    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in _hf_weights(np.random.default_rng(0), False).items()}
+    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in hf_weights(np.random.default_rng(0), False).items()}
     source = GGUFSource(write_tiny_llama(tmp_path / "notok.gguf", stored))
     with pytest.raises(UnsupportedError) as e:
         source.write_tokenizer(tmp_path / "out")
