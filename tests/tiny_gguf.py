@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize
 
 # 256 wide everywhere so that the 256-element K-quant / ternary blocks fit every matrix
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 128, 2
@@ -93,3 +94,18 @@ def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def tiny_gguf(path: Path, types: dict[str, Q], default: Q = Q.Q4_1) -> Path:
+    """A tiny llama GGUF (with a tokenizer) whose 2-D tensors are stored as `types` says (by GGUF name,
+    else `default`), from the same random weights every time, scaled by 1/sqrt(inputs) as a trained
+    model's are, so activations and logits stay near 1 through the layers."""
+    stored = {}
+    for hf, w in hf_weights(np.random.default_rng(11), ternary=False).items():
+        w = w / np.sqrt(w.shape[1]) if w.ndim == 2 else w
+        if (n_head := n_head_if_permuted(hf)) is not None:
+            w = llama_cpp_permute(w, n_head)
+        name = GGUF_NAME[hf]
+        qtype = Q.F32 if w.ndim == 1 else types.get(name, default)
+        stored[name] = (w if qtype == Q.F32 else quantize(w, qtype), qtype)
+    return write_tiny_llama(path, stored, tokenizer=True)

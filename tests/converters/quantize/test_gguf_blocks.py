@@ -15,25 +15,12 @@ from cli_process import assert_user_error, trtbuild
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
-from tiny_gguf import GGUF_NAME, hf_weights, llama_cpp_permute, n_head_if_permuted, write_tiny_llama
+from tiny_gguf import tiny_gguf
 
 from converters.convert import convert
 from converters.quantize.gguf_blocks import decode
 from converters.quantize.rtn import unpack_int4
 from engine_builder.config import CheckpointConfig
-
-
-def tiny_gguf(path, types: dict[str, Q], default: Q = Q.Q4_1):
-    """A tiny llama GGUF (with a tokenizer) whose 2-D tensors are stored as `types` says (by GGUF name,
-    else `default`), from the same random weights every time."""
-    stored = {}
-    for hf, w in hf_weights(np.random.default_rng(11), ternary=False).items():
-        if (n_head := n_head_if_permuted(hf)) is not None:
-            w = llama_cpp_permute(w, n_head)
-        name = GGUF_NAME[hf]
-        qtype = Q.F32 if w.ndim == 1 else types.get(name, default)
-        stored[name] = (w if qtype == Q.F32 else quantize(w, qtype), qtype)
-    return write_tiny_llama(path, stored, tokenizer=True)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
@@ -67,8 +54,8 @@ def test_quantization_block_lists_what_kept_its_blocks(mixed):
     assert (q.scheme, q.weight_bits, q.group_size, q.zero_point) == ("gguf", 4, 32, False)
     # layer 1's gate_up fuses a Q4_1 gate with a Q8_0 up: the whole linear stays float
     assert q.excluded == ("layers.1.mlp.gate_up",)
-    assert set(q.quantized) == {f"layers.{i}.{p}" for i in range(2) for p in ("attn.qkv", "attn.o", "mlp.gate_up",
-                                                                              "mlp.down")} - set(q.excluded) | {"lm_head"}
+    linears = {f"layers.{i}.{p}" for i in range(2) for p in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")}
+    assert set(q.quantized) == linears - set(q.excluded) | {"lm_head"}
     assert CheckpointConfig.load(mixed / "blocks").dtype == "float32"  # the default with a --quant
 
 
