@@ -138,7 +138,7 @@ class GGUFSource:
         return {hf: t.tensor_type.name for hf, t in self._tensors.items()}
 
     def load_blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A Q4_0/Q4_1 tensor's blocks as they are: (codes int8 [out, in], scale f32 [out, in/32],
+        """A Q4_0/Q4_1/Q4_K tensor's blocks as they are: (codes int8 [out, in], scale f32 [out, in/32],
         offset f32 [out, in/32]), rows in HF order (converters/quantize/gguf_blocks.py)."""
         from converters.quantize.gguf_blocks import decode
 

@@ -111,8 +111,10 @@ def convert(
         help="Weight quantization: none; int8_wo (int8 per output channel, or per --group-size, weight-only); "
              "int4_wo (int4 per group of --group-size inputs, round-to-nearest); int4_awq (int4 with "
              "activation-aware scales from calibration text); w8a8_sq (int8 weights and activations, "
-             "SmoothQuant); fp8 (e4m3 weights and activations, per tensor). An AWQ / GPTQ source is ingested "
-             "as it is, without --quant.")] = "none",
+             "SmoothQuant); fp8 (e4m3 weights and activations, per tensor); gguf (a .gguf source's own Q4_0, "
+             "Q4_1 and Q4_K blocks kept as they are: int4 in groups of 32, nothing re-quantized, so the engine "
+             "computes the GGUF's exact weights; linears of other block types stay float). An AWQ / GPTQ source "
+             "is ingested as it is, without --quant.")] = "none",
     group_size: Annotated[int | None, typer.Option(
         metavar="32|64|128",
         help="Input channels per weight scale. int4: default 128. int8_wo: default one scale per output "
@@ -153,6 +155,7 @@ def convert(
       trtbuild convert ./SmolLM2-135M-Instruct ckpt --dtype float16
       trtbuild convert model.gguf ckpt-int8 --quant int8_wo --exclude lm_head
       trtbuild convert model.gguf ckpt-int4 --quant int4_awq --group-size 64 --calib my-text.jsonl
+      trtbuild convert model.Q4_1.gguf ckpt-q4 --quant gguf
     """
     from converters.convert import convert as convert_checkpoint
     from converters.convert import plan

@@ -153,7 +153,7 @@ class Quantization:
 
     scheme: how the weights were made. int8_wo / int4_wo are round-to-nearest, int4_awq adds
     activation-aware scales, w8a8_sq SmoothQuant, fp8 per-tensor e4m3; awq / gptq are
-    pre-quantized Hugging Face checkpoints ingested as they are; gguf keeps a GGUF's Q4_0/Q4_1 blocks.
+    pre-quantized Hugging Face checkpoints ingested as they are; gguf keeps a GGUF's Q4_0/Q4_1/Q4_K blocks.
     """
 
     scheme: QuantScheme = "none"

@@ -107,5 +107,19 @@ def tiny_gguf(path: Path, types: dict[str, Q], default: Q = Q.Q4_1) -> Path:
             w = llama_cpp_permute(w, n_head)
         name = GGUF_NAME[hf]
         qtype = Q.F32 if w.ndim == 1 else types.get(name, default)
-        stored[name] = (w if qtype == Q.F32 else quantize(w, qtype), qtype)
+        if qtype == Q.Q4_K:  # gguf cannot quantize K-quants in numpy
+            stored[name] = (random_q4_k(w.shape, np.random.default_rng(len(stored)), np.abs(w).mean()), qtype)
+        else:
+            stored[name] = (w if qtype == Q.F32 else quantize(w, qtype), qtype)
     return write_tiny_llama(path, stored, tokenizer=True)
+
+
+def random_q4_k(shape: tuple[int, int], rng: np.random.Generator, magnitude: float) -> np.ndarray:
+    """Valid Q4_K rows, uint8 [out, in/256 * 144], whose weights are about `magnitude`: fp16 d and dmin
+    near magnitude / (63 * 7.5) (so that 6-bit scales and mins of up to 63 and codes of up to 15 give
+    weights of that size), random scale/min bytes and codes."""
+    out, inp = shape
+    blocks = out * inp // 256
+    d = (magnitude / (63 * 7.5) * rng.uniform(0.5, 1.5, (blocks, 2))).astype(np.float16)  # d, dmin
+    raw = np.concatenate([d.view(np.uint8), rng.integers(0, 256, (blocks, 12 + 128), np.uint8)], axis=1)
+    return raw.reshape(out, -1)

@@ -1,16 +1,19 @@
 """A GGUF file's own 4-bit blocks kept as they are: `trtbuild convert model.gguf OUT --quant gguf`.
 
-llama.cpp's Q4_0 and Q4_1 store each run of 32 inputs of a weight row as one block:
+llama.cpp's 4-bit block types give every run of 32 inputs of a weight row a scale and a minimum:
 
     Q4_0  fp16 d,           16 bytes of nibbles    w = d * (q - 8)      q in 0..15
     Q4_1  fp16 d, fp16 m,   16 bytes of nibbles    w = d * q + m
           nibble j of byte i: input i (low nibble) or input i + 16 (high nibble)
+    Q4_K  256 inputs: fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) for each run of 32,
+          128 bytes of nibbles (bytes 32j..32j+31: run 2j in the low nibbles, 2j+1 in the high)
+                                                   w = d * sc * q - dmin * mn
 
-Both are w = d * (q - 8) + offset with offset = m + 8d (0 for Q4_0): signed int4 codes with one
-scale per 32 inputs, which is FORMAT.md's int4 row, plus a float offset per block (its gguf row).
+Each is w = s * (q - 8) + offset per run of 32 (s = d or d * sc, offset = m + 8 s): signed int4 codes
+with one scale per 32 inputs, which is FORMAT.md's int4 row, plus a float offset per run (its gguf row).
 So the canonical checkpoint dequantizes to exactly the weights the GGUF does, and the graph
 (network/linear.py) keeps TensorRT's and onnxruntime's fused int4 GEMM for the codes and adds the
-offsets as a small float product. Other block types (Q8_0, K-quants, ...) are dequantized to float
+offsets as a small float product. Other block types (Q8_0, Q6_K, ...) are dequantized to float
 and listed as kept float; a fused linear (qkv, gate_up) keeps its blocks only when every part has them.
 """
 
@@ -34,25 +37,42 @@ if TYPE_CHECKING:
     from converters.sources import Source
 
 BLOCK = 32  # inputs per block, and so the checkpoint's group size
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}  # fp16 d [, fp16 m], 16 bytes of nibbles
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}  # bytes per block of 32 inputs (Q4_K: of 256)
 
 
 def decode(blocks: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Raw GGUF rows, uint8 [rows, in/32 * block bytes] -> (codes int8 -8..7 [rows, in],
-    scale float32 [rows, in/32], offset float32 [rows, in/32]): w = codes * scale + offset."""
+    """Raw GGUF rows, uint8 [rows, row bytes] -> (codes int8 -8..7 [rows, in], scale float32 [rows, in/32],
+    offset float32 [rows, in/32]): w = codes * scale + offset."""
     rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, BLOCK_BYTES[qtype])  # [rows, in/32, block bytes]
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, in/32]
-    offset = (b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if qtype == "Q4_1"
-              else np.zeros_like(d))
-    nibbles = b[..., -BLOCK // 2:]  # [rows, in/32, 16]
-    codes = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).astype(np.int8) - 8  # [rows, in/32, 32]
-    return codes.reshape(rows, -1), d, offset
+    b = blocks.reshape(rows, -1, BLOCK_BYTES[qtype])  # [rows, blocks, block bytes]
+    d = _fp16(b[..., 0:2])  # [rows, blocks]
+    if qtype == "Q4_K":
+        from gguf.quants import Q4_K
+
+        sc, mn = Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))  # [rows * blocks, 8] each, 0..63
+        scale = d[..., None] * sc.reshape(*d.shape, 8).astype(np.float32)  # [rows, blocks, 8]
+        minimum = -_fp16(b[..., 2:4])[..., None] * mn.reshape(*d.shape, 8).astype(np.float32)
+        nibbles = b[..., 16:].reshape(rows, -1, 4, 1, BLOCK)  # [rows, blocks, 4, 1, 32]
+        runs = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=3)  # [rows, blocks, 4, 2, 32]: run 2j, 2j + 1
+        return _signed(runs, rows), scale.reshape(rows, -1), (minimum + 8 * scale).reshape(rows, -1)
+    minimum = _fp16(b[..., 2:4]) if qtype == "Q4_1" else -8 * d
+    nibbles = b[..., -BLOCK // 2:]  # [rows, blocks, 16]
+    return _signed(np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1), rows), d, minimum + 8 * d
+
+
+def _fp16(raw: np.ndarray) -> np.ndarray:
+    """uint8 [..., 2] little-endian fp16 -> float32 [...]."""
+    return raw.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _signed(nibbles: np.ndarray, rows: int) -> np.ndarray:
+    """uint8 0..15 in input order -> int8 -8..7 [rows, in]."""
+    return (nibbles.astype(np.int8) - 8).reshape(rows, -1)
 
 
 def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTensor, ...],
                  exclude: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(linears whose every part is a Q4_0/Q4_1 tensor, the other linears) by canonical prefix; the
+    """(linears whose every part is a Q4_0/Q4_1/Q4_K tensor, the other linears) by canonical prefix; the
     first are stored as blocks, the rest float. --exclude patterns send a linear to the second."""
     if source.kind != "gguf":
         raise InputError(f"--quant gguf keeps a GGUF file's own 4-bit blocks, but the source is a {source.kind} "
@@ -68,7 +88,7 @@ def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTenso
         (floats if excluded or any(types[s] not in BLOCK_BYTES for s in parts) else kept).append(p)
     if not kept:
         found = sorted({types[s] for p in floats for s in planned[f"{p}.weight"].sources})
-        raise InputError(f"{source.files()[0].name} has no linear stored as Q4_0 or Q4_1 (its linears are "
+        raise InputError(f"{source.files()[0].name} has no linear stored as Q4_0, Q4_1 or Q4_K (its linears are "
                          f"{', '.join(found)}{', or --exclude matched them all' if exclude else ''}); convert "
                          f"without --quant to dequantize it, or with --quant int4_awq to re-quantize it")
     return tuple(kept), tuple(floats)

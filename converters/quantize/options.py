@@ -9,7 +9,7 @@ from pathlib import Path
 from engine_builder.config import ModelConfig
 from engine_builder.errors import InputError, UnsupportedError
 
-# gguf: keep a GGUF file's own Q4_0/Q4_1 blocks (converters/quantize/gguf_blocks.py), nothing re-quantized
+# gguf: keep a GGUF file's own Q4_0/Q4_1/Q4_K blocks (converters/quantize/gguf_blocks.py), nothing re-quantized
 SCHEMES = ("none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8", "gguf")
 # schemes whose scales come from activation statistics of calibration text
 CALIBRATED = ("int4_awq", "w8a8_sq", "fp8")

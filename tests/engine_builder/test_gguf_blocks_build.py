@@ -1,4 +1,4 @@
-"""A `convert --quant gguf` checkpoint in the graph: the GGUF's own Q4_1 blocks computed exactly.
+"""A `convert --quant gguf` checkpoint in the graph: the GGUF's own 4-bit blocks computed exactly.
 
 The reference is Hugging Face transformers loading the same GGUF file (it dequantizes every block
 to float32), so a graph that keeps the blocks must give its logits: the unfused graph
@@ -30,9 +30,9 @@ from engine_builder.trt_build import TrtBuildOptions, build_engine
 
 @pytest.fixture(scope="module")
 def gguf_ckpt(tmp_path_factory):
-    """(GGUF file, its --quant gguf checkpoint): Q4_1 everywhere, one Q4_0 linear."""
+    """(GGUF file, its --quant gguf checkpoint): Q4_1 everywhere but one Q4_0 and one Q4_K linear."""
     root = tmp_path_factory.mktemp("gguf-build")
-    src = tiny_gguf(root / "tiny.gguf", {"blk.1.attn_output.weight": Q.Q4_0})
+    src = tiny_gguf(root / "tiny.gguf", {"blk.1.attn_output.weight": Q.Q4_0, "blk.0.ffn_down.weight": Q.Q4_K})
     convert(src, root / "ckpt", quant="gguf")
     return src, root / "ckpt"
 

@@ -1,4 +1,4 @@
-"""`convert model.gguf OUT --quant gguf`: the GGUF's own Q4_0/Q4_1 blocks, kept as they are.
+"""`convert model.gguf OUT --quant gguf`: the GGUF's own Q4_0/Q4_1/Q4_K blocks, kept as they are.
 
 Against gguf's own dequantizer: the decoded blocks, and the whole checkpoint, dequantize to the
 weights `convert` without --quant writes (which tests/converters/test_gguf_source.py holds to
@@ -15,7 +15,7 @@ from cli_process import assert_user_error, trtbuild
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
-from tiny_gguf import tiny_gguf
+from tiny_gguf import random_q4_k, tiny_gguf
 
 from converters.convert import convert
 from converters.quantize.gguf_blocks import decode
@@ -23,27 +23,31 @@ from converters.quantize.rtn import unpack_int4
 from engine_builder.config import CheckpointConfig
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
 def test_decoded_blocks_are_the_dequantized_weights(qtype):
-    w = np.random.default_rng(qtype.value).standard_normal((48, 256)).astype(np.float32)
+    rng = np.random.default_rng(qtype.value)
+    w = rng.standard_normal((48, 512)).astype(np.float32)
     w[3, 32:64] = np.linspace(0.5, 2.0, 32)  # an all-positive block: Q4_1's min is far from -8 d
     w[5, :32] = 0.25  # a constant block: Q4_1 stores d = 0
-    blocks = quantize(w, qtype)
+    blocks = random_q4_k(w.shape, rng, 1.0) if qtype == Q.Q4_K else quantize(w, qtype)
     codes, scale, offset = decode(blocks, qtype.name)
     assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7
-    assert scale.shape == offset.shape == (48, 256 // 32)
+    assert scale.shape == offset.shape == (48, 512 // 32)
     if qtype == Q.Q4_0:
         assert not offset.any()
     got = (codes.reshape(48, -1, 32) * scale[..., None] + offset[..., None]).reshape(w.shape)
-    np.testing.assert_allclose(got, dequantize(blocks, qtype), rtol=1e-6, atol=1e-7)
+    want = dequantize(blocks, qtype)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    """A Q4_1 tiny llama with a Q4_0 o_proj in layer 0 and a Q8_0 ffn_up in layer 1, converted twice:
+    """A Q4_1 tiny llama with a Q4_0 o_proj and a Q4_K down_proj in layer 0 and a Q8_0 ffn_up in layer 1,
+    converted twice:
     with --quant gguf and without (dequantized float32)."""
     root = tmp_path_factory.mktemp("gguf-blocks")
-    src = tiny_gguf(root / "tiny.gguf", {"blk.0.attn_output.weight": Q.Q4_0, "blk.1.ffn_up.weight": Q.Q8_0})
+    src = tiny_gguf(root / "tiny.gguf", {"blk.0.attn_output.weight": Q.Q4_0, "blk.1.ffn_up.weight": Q.Q8_0,
+                                         "blk.0.ffn_down.weight": Q.Q4_K})
     convert(src, root / "blocks", quant="gguf")
     convert(src, root / "float", dtype="float32")
     return root
@@ -84,7 +88,7 @@ def test_convert_reports_kept_and_float_linears(tmp_path):
 @pytest.mark.parametrize(("args", "needles"), [
     (["--group-size", "64"], ["--quant gguf", "--group-size"]),
     (["--kv-cache", "int8"], ["--quant gguf", "--kv-cache"]),
-    (["--exclude", "layers.*", "--exclude", "lm_head"], ["no linear stored as Q4_0 or Q4_1", "--exclude"]),
+    (["--exclude", "layers.*", "--exclude", "lm_head"], ["no linear stored as Q4_0, Q4_1 or Q4_K", "--exclude"]),
 ])
 def test_bad_gguf_options_are_refused(tmp_path, args, needles):
     src = tiny_gguf(tmp_path / "tiny.gguf", {})
