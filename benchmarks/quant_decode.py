@@ -27,18 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smollm2_quant import VARIANTS, build_config, checkpoint, import_llama_cpp  # noqa: E402
+from smollm2_quant import VARIANTS, checkpoint, import_llama_cpp  # noqa: E402
 
 PROMPT = "The capital of France is"
 
 
 def engine_dir(work: Path, variant: str, new_tokens: int) -> tuple[Path, Path]:
     from engine_builder.build import build
-    from engine_builder.build_config import Limits
+    from engine_builder.build_config import BuildConfig, Limits
 
     ckpt, out = checkpoint(work, variant), work / f"engine-{variant}-s{64 + new_tokens}"
     if not out.exists():
-        build(ckpt, out, build_config(variant, Limits(max_batch=1, max_input_len=64, max_seq_len=64 + new_tokens)))
+        limits = Limits(max_batch=1, max_input_len=64, max_seq_len=64 + new_tokens)
+        build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
     return ckpt, out
 
 

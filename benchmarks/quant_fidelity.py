@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smollm2_quant import build_config, checkpoint, import_llama_cpp  # noqa: E402
+from smollm2_quant import checkpoint, import_llama_cpp  # noqa: E402
 
 # llama.cpp format -> its ftype constant's name in llama_cpp (None: the Q4_1 original itself)
 LLAMA_FORMATS = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
@@ -39,15 +39,14 @@ LLAMA_FORMATS = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_
 # our variant -> the llama.cpp format of the same width and block
 PAIRS = {"int8_wo": "Q8_0", "int8_wo_g32": "Q8_0", "int4_wo": "Q4_0", "int4_wo_g32": "Q4_0", "int4_awq": "Q4_0",
          "int4_awq_g32": "Q4_0", "fp32_kv8": "q8_0 KV",
-         # the GGUF's own blocks: no llama.cpp requantization to pair with (they are its Q4_1 original)
-         "gguf": None, "gguf_exact": None}
+         "gguf": None}  # the GGUF's own blocks: no llama.cpp requantization pairs with its Q4_1 original
 DEFAULT_VARIANTS = ["int8_wo", "int8_wo_g32", "int4_wo_g32", "int4_awq", "int4_awq_g32", "fp32_kv8"]
 GGML_TYPE_Q8_0 = 8  # llama.cpp's KV-cache type for "q8_0 KV": int8 in blocks of 32 along head_dim
 
 
 def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict[str, dict]:
     from engine_builder.build import build
-    from engine_builder.build_config import Limits
+    from engine_builder.build_config import BuildConfig, Limits
     from engine_builder.eval import evaluate
 
     limits = Limits(max_batch=4, max_input_len=64, max_seq_len=context)
@@ -55,7 +54,8 @@ def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict
     for v in ["fp32", *variants]:
         engines[v] = work / f"engine-{v}-eval{context}"
         if not engines[v].exists():
-            build(checkpoint(work, v), engines[v], build_config(v, limits))
+            build(checkpoint(work, v), engines[v], BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                                                limits=limits))
     rows = {}
     for v in variants:
         r = evaluate(engines[v], reference=engines["fp32"], max_tokens=max_tokens, context=context,

@@ -21,20 +21,7 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
     "fp32_kv8": ("none", None, "int8"),  # float weights, int8 KV cache
     "int4_awq_kv8": ("int4_awq", 64, "int8"),
     "gguf": ("gguf", None, "none"),  # the GGUF's own Q4_1 blocks, nothing re-quantized
-    "gguf_exact": ("gguf", None, "none"),  # the same, onnxruntime at accuracy level 0 (float activations)
 }
-# variants whose onnxruntime engine computes MatMulNBits with float activations (lower_ort_matmulnbits_exact)
-EXACT_ACTIVATIONS = ("gguf_exact",)
-
-
-def build_config(variant: str, limits):
-    """The float32 onnxruntime BuildConfig of VARIANT's engine."""
-    from engine_builder.build_config import DEFAULT_PASSES, BuildConfig, PassLists
-
-    passes = DEFAULT_PASSES["onnxruntime"]
-    if variant in EXACT_ACTIVATIONS:
-        passes = tuple(p.replace("lower_ort_matmulnbits", "lower_ort_matmulnbits_exact") for p in passes)
-    return BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits, passes=PassLists(onnxruntime=passes))
 
 
 def checkpoint(work: Path, variant: str) -> Path:

@@ -25,6 +25,11 @@ matmul). On SmolLM2-135M (float32, batch-1 decode, 2 threads): fp32 46 tok/s; in
 lower_ort_matmulnbits_exact is the same lowering at level 0, for measurement. float16 activations
 always get level 0: at level 4 onnxruntime 1.31's CPU kernel is 16% of the logits' range off the
 unfused graph on a tiny llama, int8 and int4 alike (float32 at level 4: 0.7%; float16 at level 0: 0.06%).
+So do linears with block offsets (`convert --quant gguf`, network/linear.py): the offsets' share is
+computed from the exact activations beside the codes' share, so at level 4 the int8 rounding of a
+block's activations is no longer weighted by the weights but by weights minus offset, and the error of
+a block adds up instead of cancelling (measured on SmolLM2: eval KL 0.004, but the chat answer to "What
+is the capital of France?" turned to French gibberish; level 0 is exact and answers "Paris").
 """
 
 from __future__ import annotations
@@ -150,7 +155,9 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
             zero: ir.ExternalTensor = dq.inputs[2].const_value  # packed per row, as MatMulNBits wants
             zero_view = _view(zero, f"{name}.zero_points", (n, zero.length // n))
             inputs.append(op.initializer(zero_view, zero_view.name))
-        level = self.accuracy_level if dtype == ir.DataType.FLOAT else 0  # see the module docstring
+        # see the module docstring for both exceptions
+        offsets = w.graph is not None and w.name.removesuffix(".weight") + ".weight_offset" in w.graph.initializers
+        level = self.accuracy_level if dtype == ir.DataType.FLOAT and not offsets else 0
         return op.MatMulNBits(*inputs, _domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block,
                               accuracy_level=level)
 

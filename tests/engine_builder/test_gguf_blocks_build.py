@@ -2,12 +2,15 @@
 
 The reference is Hugging Face transformers loading the same GGUF file (it dequantizes every block
 to float32), so a graph that keeps the blocks must give its logits: the unfused graph
-(DequantizeLinear -> MatMul plus the offsets' small GEMM) and the onnxruntime twin (MatMulNBits
-at accuracy level 0) alike. TensorRT-RTX builds the same graph with each int4 DequantizeLinear
+(DequantizeLinear -> MatMul plus the offsets' small GEMM) and the default onnxruntime twin alike
+(MatMulNBits, which lower_ort_matmulnbits gives float activations, accuracy level 0, where a linear
+has block offsets). TensorRT-RTX builds the same graph with each int4 DequantizeLinear
 fused into its GEMM.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx_ir as ir
@@ -16,12 +19,12 @@ from gguf import GGMLQuantizationType as Q
 from hf_reference import hf_greedy, prompt_of
 from ort_helpers import OrtDecoder
 from test_build import SMALL
-from test_quantized_numerics import EXACT_ORT_PASSES, STEPS, max_error
+from test_quantized_numerics import STEPS, max_error
 from tiny_gguf import tiny_gguf
 
 from converters.convert import convert
 from engine_builder.build import build, trt_profiles
-from engine_builder.build_config import BuildConfig, Limits, PassLists
+from engine_builder.build_config import BuildConfig, Limits
 from engine_builder.config import CheckpointConfig
 from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
 from engine_builder.network import NetworkOptions, write_onnx
@@ -58,10 +61,10 @@ def test_ort_twin_equals_transformers_on_the_gguf(gguf_ckpt, hf_reference, tmp_p
     prompt, (want_tokens, want_logits) = hf_reference
     out = tmp_path / "engine"
     result = build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32",
-                                          limits=Limits(max_batch=2, max_input_len=64, max_seq_len=64),
-                                          passes=PassLists(onnxruntime=EXACT_ORT_PASSES)))
+                                          limits=Limits(max_batch=2, max_input_len=64, max_seq_len=64)))
     counts = {r["name"]: r["matches"] for r in result.passes["onnxruntime"]}
-    assert counts["lower_ort_matmulnbits_exact"] == len(CheckpointConfig.load(ckpt).quantization.quantized)
+    assert counts["lower_ort_matmulnbits"] == len(CheckpointConfig.load(ckpt).quantization.quantized)
+    assert json.loads((out / "config.json").read_text())["quantization"]["onnxruntime_accuracy_level"] == 0
     tokens, logits = OrtDecoder(out / ORT_MODEL, level="basic").greedy(prompt, STEPS)
     assert max_error(logits, want_logits) <= 1e-4
     assert tokens == want_tokens
@@ -91,8 +94,7 @@ def test_tensorrt_fuses_the_int4_blocks_into_their_gemm(gguf_ckpt, tmp_path):
     prompt = prompt_of(12, seed=5, vocab=128)
     _, logits = OrtDecoder(out / TRT_MODEL).greedy(prompt, 4)
     f32 = tmp_path / "f32"
-    build(ckpt, f32, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=SMALL,
-                                 passes=PassLists(onnxruntime=EXACT_ORT_PASSES)))
+    build(ckpt, f32, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=SMALL))
     _, want = OrtDecoder(f32 / ORT_MODEL).greedy(prompt, 4)
     for got, ref in zip(logits, want):
         assert np.abs(got - ref).max() <= 0.01 * np.abs(ref).max()
