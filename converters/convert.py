@@ -217,11 +217,11 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
             layout.append((t.name, cp.dtype, t.shape))
     with StreamingSafetensorsWriter(out / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
         for t in cp.plan.tensors:
+            if cp.packed(t):
+                prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
+            elif cp.gguf_blocks(t):
+                gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
             if cp.packed(t) or cp.gguf_blocks(t):
-                if cp.packed(t):
-                    prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
-                else:
-                    gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
                 if progress:
                     progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
                 continue

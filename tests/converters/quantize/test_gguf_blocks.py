@@ -31,10 +31,10 @@ def test_decoded_blocks_are_the_dequantized_weights(qtype):
     w[5, :32] = 0.25  # a constant block: Q4_1 stores d = 0
     blocks = random_q4_k(w.shape, rng, 1.0) if qtype == Q.Q4_K else quantize(w, qtype)
     codes, scale, offset = decode(blocks, qtype.name)
-    assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7
+    assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7 and (scale > 0).all()
     assert scale.shape == offset.shape == (48, 512 // 32)
-    if qtype == Q.Q4_0:
-        assert not offset.any()
+    if qtype == Q.Q4_0:  # no minimum: offsets only where a negative d was made positive
+        assert ((offset == 0) | (offset == scale)).all() and offset.any()
     got = (codes.reshape(48, -1, 32) * scale[..., None] + offset[..., None]).reshape(w.shape)
     want = dequantize(blocks, qtype)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
