@@ -3,7 +3,7 @@
     float      y = x @ W.T                                       W [out, in]
     quantized  y = x' @ Transpose(DequantizeLinear(W_q, scale[, zero]))
                x' = DequantizeLinear(QuantizeLinear(x, s), s)    only with activation quantization
-    gguf       y += ReduceSum(x in blocks of 32) @ offset.T      a GGUF Q4_1 block's w = q * scale + offset
+    gguf       y += ReduceSum(x in blocks of 32) @ offset.T      a GGUF 4-bit block's w = q * scale + offset
 
 The quantized weight stays [out, in] in rank0.safetensors and is referenced by byte offset:
 int8 per channel (DQ axis 0) or blocked (DQ axis 1, block_size g), int4 blocked (an INT4/UINT4
