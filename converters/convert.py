@@ -221,14 +221,14 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
                 prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
             elif cp.gguf_blocks(t):
                 gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
-            if cp.packed(t) or cp.gguf_blocks(t):
-                if progress:
-                    progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
+            else:
+                for name in t.sources:
+                    _write_part(cp.source, writer, t.name, name, cp.infos[name].dtype, cp.dtype)
+                    if progress:
+                        progress("converting", math.prod(cp.infos[name].shape) * itemsize, cp.total_bytes)
                 continue
-            for name in t.sources:
-                _write_part(cp.source, writer, t.name, name, cp.infos[name].dtype, cp.dtype)
-                if progress:
-                    progress("converting", math.prod(cp.infos[name].shape) * itemsize, cp.total_bytes)
+            if progress:
+                progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
     tokenizer_files = cp.source.write_tokenizer(out)
     if "generation_config.json" not in tokenizer_files:
         if _write_generation_config(out, cp.source.hf_config):

@@ -127,10 +127,7 @@ class GGUFSource:
         w = self._fixup(t.name, dequantize(t.data, t.tensor_type), self._raw_config)
         # An owned, writable float32 copy: F32 tensors come back as read-only views of the memmap.
         out = torch.from_numpy(np.require(w, np.float32, ["C", "W", "O"]))
-        if self._mapping is not None:
-            # pages read through the mapping count as ours until dropped: without this, RSS grows
-            # to the file's size over a conversion (they stay in the page cache either way)
-            self._mapping.madvise(mmap.MADV_DONTNEED)
+        self._drop_pages()
         return out
 
     def block_types(self) -> dict[str, str]:
@@ -146,9 +143,14 @@ class GGUFSource:
         # blocks run along the inputs, so the fix-up's row permutation applies to each part alike
         parts = tuple(np.ascontiguousarray(self._fixup(t.name, a, self._raw_config))
                       for a in decode(np.asarray(t.data), t.tensor_type.name))
+        self._drop_pages()
+        return parts
+
+    def _drop_pages(self) -> None:
+        """Pages read through the mapping count as ours until dropped: without this, RSS grows to the
+        file's size over a conversion (they stay in the page cache either way)."""
         if self._mapping is not None:
             self._mapping.madvise(mmap.MADV_DONTNEED)
-        return parts
 
     def raw_range(self, name: str) -> None:
         return None  # every GGUF tensor is dequantized, never copied as stored

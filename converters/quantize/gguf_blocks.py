@@ -19,13 +19,12 @@ and listed as kept float; a fused linear (qkv, gate_up) keeps its blocks only wh
 
 from __future__ import annotations
 
-import fnmatch
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from converters.base import PlannedTensor
-from converters.quantize.options import linear_prefixes
+from converters.quantize.options import linear_prefixes, split_excluded
 from converters.quantize.quantized_checkpoint import FLOAT_DTYPES
 from converters.quantize.rtn import pack_int4
 from engine_builder.config import ModelConfig, Quantization
@@ -90,13 +89,13 @@ def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTenso
                          f"checkpoint; use --quant int4_awq (or int4_wo) to quantize it")
     planned = {t.name: t for t in tensors}
     types = source.block_types()  # HF name -> ggml type name
+    _, excluded = split_excluded(linear_prefixes(model), exclude)
     kept, floats = [], []
     for p in linear_prefixes(model):
         if f"{p}.weight" not in planned:  # a tied lm_head
             continue
-        parts = planned[f"{p}.weight"].sources
-        excluded = any(fnmatch.fnmatchcase(p, pat) for pat in exclude)
-        (floats if excluded or any(types[s] not in BLOCK_BYTES for s in parts) else kept).append(p)
+        blocks = all(types[s] in BLOCK_BYTES for s in planned[f"{p}.weight"].sources)
+        (kept if blocks and p not in excluded else floats).append(p)
     if not kept:
         found = sorted({types[s] for p in floats for s in planned[f"{p}.weight"].sources})
         raise InputError(f"{source.files()[0].name} has no linear stored as Q4_0, Q4_1 or Q4_K (its linears are "
