@@ -17,12 +17,14 @@ install: $(BIN)/.installed
 demo: install
 	mkdir -p $(DEMO_DIR)
 	# fp16 weights for an fp16 engine: TensorRT then reads them as stored (no in-graph cast)
-	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.bundled)" $(DEMO_DIR)/smollm2-ckpt --dtype float16 --force
+	$(BIN)/trtbuild convert "$$($(BIN)/python -m engine_builder.util.bundled)" $(DEMO_DIR)/smollm2-ckpt --dtype float16 --force
 	$(BIN)/trtbuild build $(DEMO_DIR)/smollm2-ckpt $(DEMO_DIR)/smollm2-engine --recipe recipes/smollm2-135m-fp16.yaml --force
 	$(BIN)/trtbuild inspect $(DEMO_DIR)/smollm2-engine
 	$(BIN)/trtbuild run $(DEMO_DIR)/smollm2-engine --chat --prompt "What is the capital of France?" --max-new-tokens 48
 
+# the layer contracts of docs/ARCHITECTURE.md first (seconds), then the suite
 test: install
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # llama.cpp for benchmarks/quant_decode.py, compiled from source. Not the default native build: it

@@ -98,7 +98,7 @@ def main() -> int:
         return 0
 
     load_at_start = round(os.getloadavg()[0], 2)
-    gguf = subprocess.run([sys.executable, "-m", "engine_builder.bundled"], check=True,
+    gguf = subprocess.run([sys.executable, "-m", "engine_builder.util.bundled"], check=True,
                           capture_output=True, text=True, cwd=ROOT).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="trtbuild-bench-build-") as tmp_name:
         tmp = Path(tmp_name)

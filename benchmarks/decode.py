@@ -40,9 +40,9 @@ GRAPHS = {"default": None, "gqa": ("lower_ort_attention",)}
 
 def engine_dirs(work: Path, graphs: list[str], max_batch: int, new_tokens: int) -> dict[str, Path]:
     from converters.convert import convert
-    from engine_builder.build import build
-    from engine_builder.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
-    from engine_builder.bundled import smollm2_gguf
+    from engine_builder.build.pipeline import build
+    from engine_builder.formats.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
+    from engine_builder.util.bundled import smollm2_gguf
 
     ckpt = work / "ckpt"
     if not ckpt.exists():
@@ -78,8 +78,8 @@ def main() -> None:
     import transformers
 
     from engine_builder import LLM, SamplingParams
-    from engine_builder.bundled import smollm2_gguf
-    from engine_builder.runner.backend import physical_cores
+    from engine_builder.util.bundled import smollm2_gguf
+    from engine_builder.util.cpu_cores import physical_cores
 
     args.work.mkdir(parents=True, exist_ok=True)
     dirs = engine_dirs(args.work, args.graph, max(args.batch), args.new_tokens)

@@ -27,7 +27,7 @@ import transformers  # noqa: E402
 
 import passes  # noqa: E402, F401
 from converters.convert import convert  # noqa: E402
-from engine_builder.build_config import DEFAULT_PASSES  # noqa: E402
+from engine_builder.formats.build_config import DEFAULT_PASSES  # noqa: E402
 from engine_builder.network import NetworkOptions, build_decoder  # noqa: E402
 from engine_builder.network.weights import link_weights  # noqa: E402
 from passes.base import PassManager  # noqa: E402

@@ -33,8 +33,8 @@ PROMPT = "The capital of France is"
 
 
 def engine_dir(work: Path, variant: str, new_tokens: int) -> tuple[Path, Path]:
-    from engine_builder.build import build
-    from engine_builder.build_config import BuildConfig, Limits
+    from engine_builder.build.pipeline import build
+    from engine_builder.formats.build_config import BuildConfig, Limits
 
     ckpt, out = checkpoint(work, variant), work / f"engine-{variant}-s{64 + new_tokens}"
     if not out.exists():
@@ -82,8 +82,8 @@ def main() -> None:
 
     Llama = import_llama_cpp().Llama
     from engine_builder import LLM
-    from engine_builder.bundled import smollm2_gguf
-    from engine_builder.runner.backend import physical_cores
+    from engine_builder.util.bundled import smollm2_gguf
+    from engine_builder.util.cpu_cores import physical_cores
 
     threads = args.threads or physical_cores()
     args.work.mkdir(parents=True, exist_ok=True)

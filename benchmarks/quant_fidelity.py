@@ -45,9 +45,9 @@ GGML_TYPE_Q8_0 = 8  # llama.cpp's KV-cache type for "q8_0 KV": int8 in blocks of
 
 
 def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict[str, dict]:
-    from engine_builder.build import build
-    from engine_builder.build_config import BuildConfig, Limits
+    from engine_builder.build.pipeline import build
     from engine_builder.eval import evaluate
+    from engine_builder.formats.build_config import BuildConfig, Limits
 
     limits = Limits(max_batch=4, max_input_len=64, max_seq_len=context)
     engines = {}
@@ -65,9 +65,9 @@ def ours(work: Path, variants: list[str], max_tokens: int, context: int) -> dict
 
 
 def llama_cpp_requantized(work: Path, max_tokens: int, context: int) -> dict[str, dict]:
-    from engine_builder.bundled import smollm2_gguf
     from engine_builder.eval.text import load_text, token_windows
-    from engine_builder.runner.engine_dir import EngineDir
+    from engine_builder.runner.engine import EngineDir
+    from engine_builder.util.bundled import smollm2_gguf
 
     lc = import_llama_cpp()
     source = smollm2_gguf()

@@ -27,7 +27,7 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
 def checkpoint(work: Path, variant: str) -> Path:
     """WORK/ckpt-VARIANT, converted from the bundled GGUF unless it is already there."""
     from converters.convert import convert
-    from engine_builder.bundled import smollm2_gguf
+    from engine_builder.util.bundled import smollm2_gguf
 
     ckpt = work / f"ckpt-{variant}"
     if not ckpt.exists():

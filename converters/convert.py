@@ -4,7 +4,7 @@ Tensors stream one at a time from the source (memory-mapped, lazy) into rank0.sa
 so peak memory stays at a few tensors whatever the model size. With --quant or --kv-cache the
 float checkpoint is written to a scratch dir inside the temp output first, then quantized from
 there (converters/quantize/quantized_checkpoint.py); pre-quantized AWQ / GPTQ sources are
-re-laid out as they stream (converters/quantize/prequantized.py).
+re-laid out as they stream (converters/sources/prequantized.py).
 """
 
 from __future__ import annotations
@@ -18,22 +18,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.base import Plan, PlannedTensor, TensorInfo, get_converter, plan_conversion
-from converters.quantize import gguf_blocks, prequantized
-from converters.quantize.options import QuantOptions, select_linears
-from converters.quantize.prequantized import PrequantizedFormat
+from converters.quantize import gguf_blocks
+from converters.quantize.quant_options import QuantOptions, select_linears
 from converters.quantize.quantized_checkpoint import Progress, quantize_checkpoint
+from converters.registry import Plan, PlannedTensor, TensorInfo, get_converter, plan_conversion
 from converters.safetensors_writer import ST_DTYPES, StreamingSafetensorsWriter
-from converters.sources import Source, open_source
-from engine_builder import __version__
-from engine_builder.atomic_dir import atomic_output_dir, check_output_dir
-from engine_builder.config import CheckpointConfig, ModelConfig, Quantization, SourceFile, SourceFingerprint
-from engine_builder.errors import InputError, UnsupportedError
-from engine_builder.file_hash import sha256_file
-from engine_builder.memory import PeakRss
+from converters.sources import prequantized
+from converters.sources.open_source import open_source
+from converters.sources.prequantized import PrequantizedFormat
+from converters.sources.source import Source
+from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig, SourceFile, SourceFingerprint
+from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.quantization import Quantization
+from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.util.errors import InputError, UnsupportedError
+from engine_builder.util.file_hash import sha256_file
+from engine_builder.util.memory import PeakRss
+from engine_builder.util.version import __version__
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # dtype -> bytes per element
-WEIGHTS_FILE = "rank0.safetensors"
 CAST_CHUNK_BYTES = 4 << 20  # source bytes cast per step: a multiple of every element size
 FLOAT_SCRATCH = ".float-checkpoint"  # inside the temp output: the float checkpoint --quant starts from
 TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model", "vocab.json")  # an HF dir needs one to tokenize

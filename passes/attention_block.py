@@ -1,6 +1,6 @@
 """The fused attention block of one decoder layer, found from its Attention-24 node.
 
-After the fusion passes, each layer's attention reads (see engine_builder/network/graph_io.py):
+After the fusion passes, each layer's attention reads (see engine_builder/formats/graph_io.py):
     q4 = [RotaryEmbedding](Transpose(q_heads, [0, 2, 1, 3]), cos, sin)   # q_heads [batch, seq, heads, head_dim]
     k4 = [RotaryEmbedding](Transpose(k_heads, [0, 2, 1, 3]), cos, sin)   # same tables and attributes
     v4 = Transpose(v_heads, [0, 2, 1, 3])

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.pattern import MatchingTracer, MatchStatus
 
-from engine_builder.errors import ConfigError
+from engine_builder.util.errors import ConfigError
 
 _REGISTRY: dict[str, type[Pass]] = {}
 

@@ -42,12 +42,13 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from engine_builder.formats import graph_io as io
 from passes.base import RewritePass, register_pass
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # weights it can re-read as float
 
 MS_DOMAIN = "com.microsoft"
-ACCURACY_META = "trtbuild.ort_accuracy_level"
+ACCURACY_META = io.META_ORT_ACCURACY_LEVEL
 INT8_BLOCK = 32  # per-channel int8 has no blocks of its own; 32 is what onnxruntime's own fusion picks
 
 

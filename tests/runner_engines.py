@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_builder.build import build
-from engine_builder.build_config import FUSIONS, BuildConfig, Limits, PassLists
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import FUSIONS, BuildConfig, Limits, PassLists
 
 SMOL_LIMITS = Limits(max_batch=4, max_input_len=128, max_seq_len=256)
 # the onnxruntime lowering (com.microsoft GroupQueryAttention, shared past/present buffer) named

@@ -29,9 +29,10 @@ import onnxruntime as ort
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from converters.quantize.calibration_text import CalibrationText, windows
-from engine_builder.config import CalibrationInfo, CheckpointConfig
+from engine_builder.formats import graph_io as io
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.quantization import CalibrationInfo
 from engine_builder.network import MODEL_FILE, NetworkOptions, build_decoder
-from engine_builder.network import graph_io as io
 from engine_builder.network.weights import link_weights
 
 # at these SmolLM2-135M (fp32) calibrates in 31 s of CPU (45..80 s wall on the shared 2-core dev machine),

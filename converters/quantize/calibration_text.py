@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine_builder.errors import InputError
-from engine_builder.text_files import TextFile, builtin_text, read_text_file
+from engine_builder.util.errors import InputError
+from engine_builder.util.text_files import TextFile, builtin_text, read_text_file
 
 BUILTIN = "calibration.txt"
 CalibrationText = TextFile  # .text, .source (the file's name, or "builtin:calibration.txt"), .sha256

@@ -4,7 +4,7 @@ A linear y = W x with a scale s per input channel computes the same y as (W diag
 W diag(s) is what gets quantized; x / s must come from the op that produces x, so 1/s is
 folded into it (FORMAT.md):
 
-    qkv      <- attn_norm     (RMSNorm weight; gemma's (offset + w) norms through norm_offset)
+    qkv      <- attn_norm     (RMSNorm weight; gemma's (offset + w) norms through block.norm.weight_offset)
     gate_up  <- mlp_norm
     down     <- the `up` rows of gate_up (down's input is act(gate) * up, linear in up)
     o        <- the v rows of qkv, only when num_heads == num_kv_heads: with grouped-query
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_builder.config import ModelConfig
+from engine_builder.formats.model_config import ModelConfig
 
 
 def norm_before(model: ModelConfig) -> dict[str, str]:
@@ -58,7 +58,7 @@ class Folding:
         if unfoldable:
             raise ValueError(f"no op to fold the input scales of {', '.join(unfoldable)} into")
         self.scales = scales
-        self._offset = model.norm_offset
+        self._offset = model.block.norm.weight_offset
         self._norms = {norm: prefix for prefix, norm in norm_before(model).items() if prefix in scales}
         # producer prefix -> (rows, consumer's s)
         self._rows = {producer: (rows, scales[consumer])

@@ -22,24 +22,24 @@ import numpy as np
 
 from converters.quantize.calibrated_scales import channel_scales, clipped_weight, input_scales
 from converters.quantize.folding import Folding
-from converters.quantize.kv_cache import SCALE_DTYPE, kv_cache_scales
-from converters.quantize.linear_quant import Layout, linear_layout, quantize_linear
-from converters.quantize.options import WEIGHT_BITS, QuantOptions, select_linears
+from converters.quantize.kv_cache_scales import SCALE_DTYPE, kv_cache_scales
+from converters.quantize.quant_options import QuantOptions, select_linears
+from converters.quantize.scheme import Layout, get_scheme
 from converters.safetensors_writer import StreamingSafetensorsWriter
-from converters.sources import safetensors_header
-from engine_builder import __version__
-from engine_builder.config import CalibrationInfo, CheckpointConfig, Quantization
-from engine_builder.errors import InputError
+from converters.sources.source import safetensors_header
+from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.quant_packing import FLOAT_DTYPES
+from engine_builder.formats.quantization import CalibrationInfo, Quantization
+from engine_builder.util.errors import InputError
+from engine_builder.util.version import __version__
 
 if TYPE_CHECKING:
     from converters.quantize.calibration_text import CalibrationText
 
-WEIGHTS_FILE = "rank0.safetensors"
 # progress(stage, done, total): "calibrating" counts windows of text, "quantizing" bytes of the float checkpoint
 Progress = Callable[[str, int, int], None]
 
 _ST_NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
-FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -114,9 +114,10 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             caches=options.kv_cache == "int8")
         calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
     cache_scales = kv_cache_scales(calib.caches) if calib else {}  # name -> f32 [kv_heads, head_dim]
-    scales = channel_scales(options.scheme, model, quantized, tensors.read, calib, options.groups)
+    scheme = get_scheme(options.scheme) if options.scheme != "none" else None
+    scales = channel_scales(scheme, model, quantized, tensors.read, calib, options.groups) if scheme else {}
     folding = Folding(model, scales)
-    activation_scales = input_scales(options.scheme, quantized, calib, scales)
+    activation_scales = input_scales(scheme, quantized, calib, scales) if scheme else {}
 
     # the source tensor of each output tensor, in file order; a tied lm_head comes from embed.weight, last
     plan: list[tuple[str, str]] = [(name, name) for name in tensors.meta]
@@ -126,7 +127,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     for out_name, src in plan:
         prefix = out_name.removesuffix(".weight")
         if prefix in quantized:
-            layout += linear_layout(prefix, *shapes[prefix], options.scheme, cfg.dtype, options.groups)
+            layout += scheme.layout(prefix, *shapes[prefix], cfg.dtype, options.groups)
         else:
             layout.append((out_name, cfg.dtype, tensors.shape(src)))
     layout += [(name, SCALE_DTYPE, scale.shape) for name, scale in cache_scales.items()]  # new tensors: last
@@ -138,10 +139,9 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
             if prefix in quantized:
                 w = tensors.read(src)  # [out, in] f32
                 w = folding.apply(src, w) if folding.touches(src) else w
-                if options.scheme == "int4_awq":
-                    w = clipped_weight(prefix, w, calib, scales, options.groups)
-                arrays = quantize_linear(w, options.scheme, options.groups, activation_scales.get(prefix))
-                parts = linear_layout(prefix, *w.shape, options.scheme, cfg.dtype, options.groups)
+                w = clipped_weight(scheme, prefix, w, calib, scales, options.groups)
+                arrays = scheme.quantize(w, options.groups, activation_scales.get(prefix))
+                parts = scheme.layout(prefix, *w.shape, cfg.dtype, options.groups)
                 for (name, dtype, _), array in zip(parts, arrays):
                     writer.append(name, _stored(array, dtype))
             elif folding.touches(src):
@@ -157,9 +157,8 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
         if extra.is_file() and extra.name not in ("config.json", WEIGHTS_FILE):
             shutil.copy2(extra, out_dir / extra.name)
     block = Quantization(
-        scheme=options.scheme, weight_bits=WEIGHT_BITS.get(options.scheme),
-        group_size=options.groups,
-        activation={"w8a8_sq": "int8", "fp8": "fp8"}.get(options.scheme, "none"), kv_cache=options.kv_cache,
+        scheme=options.scheme, weight_bits=scheme.weight_bits if scheme else None, group_size=options.groups,
+        activation=scheme.activation if scheme else "none", kv_cache=options.kv_cache,
         quantized=quantized, excluded=excluded, calibration=calibration)
     config = replace(cfg, quantization=block, num_tensors=len(layout), trtbuild_version=__version__)
     (out_dir / "config.json").write_text(config.to_json())

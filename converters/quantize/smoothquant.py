@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from converters.quantize.rtn import INT8_MAX
-from engine_builder.errors import InputError
+from engine_builder.util.errors import InputError
 
 # SmoothQuant's clamp: no channel is divided by (almost) zero
 MIN_SCALE = 1e-5

@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from engine_builder.errors import CapacityError, InputError
 from engine_builder.eval.reference import check_same_vocab, load_reference, opened_reference
 from engine_builder.eval.scores import ScoreSums
 from engine_builder.eval.text import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, load_text, token_windows
-from engine_builder.runner.backend import Backend, choose_backend, open_backend
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats import graph_io as io
+from engine_builder.runner.backend import Backend
+from engine_builder.runner.backend_choice import choose_backend, open_backend
+from engine_builder.runner.engine import EngineDir
+from engine_builder.util.errors import CapacityError, InputError
 
 # progress(stage, positions scored so far, positions to score)
 ReportProgress = Callable[[str, int, int], None]
@@ -101,8 +103,8 @@ def pick_context(requested: int | None, engines: Sequence[EngineDir]) -> int:
     one-token-per-step scorer cannot do, and Hugging Face switches the whole window to the long factor)."""
     limits = {f"{e.path} max_seq_len": e.limits.max_seq_len for e in engines}
     for e in engines:
-        if "trtbuild.reprefill_after" in e.graph_metadata:
-            limits[f"{e.path} longrope short range"] = int(e.graph_metadata["trtbuild.reprefill_after"])
+        if (short_range := io.reprefill_after(e.graph_metadata)) is not None:
+            limits[f"{e.path} longrope short range"] = short_range
     if requested is None:
         return min(DEFAULT_CONTEXT, *limits.values())
     if requested < 2:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine_builder.build_config import Fidelity
-from engine_builder.errors import ConfigError, InputError
 from engine_builder.eval.text import DEFAULT_MAX_TOKENS
+from engine_builder.formats.build_config import Fidelity
+from engine_builder.util.errors import ConfigError, InputError
 
 Gate = Callable[[Path, Callable[[str], None]], dict[str, Any]]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.config import CHECKPOINT_SCHEMA, CheckpointConfig
-from engine_builder.engine_files import ENGINE_SCHEMA
-from engine_builder.errors import InputError
-from engine_builder.runner.engine_dir import EngineDir, load_tokenizer
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CHECKPOINT_SCHEMA, CheckpointConfig
+from engine_builder.formats.manifest import ENGINE_SCHEMA
+from engine_builder.runner.engine import EngineDir, load_tokenizer
+from engine_builder.util.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def opened_reference(reference: Reference, slots: int, context: int,
     if reference.engine is not None:
         yield reference.engine
         return
-    from engine_builder.build import build
+    from engine_builder.build.pipeline import build
 
     say("building the float32 reference engine")
     # one token per step: prompts never exceed 1 token, and a window needs at most `context` KV positions

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine_builder.errors import InputError
-from engine_builder.text_files import TextFile, builtin_text, read_text_file
+from engine_builder.util.errors import InputError
+from engine_builder.util.text_files import TextFile, builtin_text, read_text_file
 
 if TYPE_CHECKING:  # numpy loads with the scorer, not when the CLI starts
     import numpy as np

@@ -32,11 +32,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_builder.errors import CapacityError, InputError
 from engine_builder.executor.request import RequestHandle, TokenEvent
 from engine_builder.executor.scheduler import Scheduler, SchedulerConfig
-from engine_builder.runner.generate import Event, RequestState
+from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.util.errors import CapacityError, InputError
 
 if TYPE_CHECKING:
     from engine_builder.runner.llm import LLM

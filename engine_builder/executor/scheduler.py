@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine_builder.errors import ConfigError
-from engine_builder.runner.generate import Generator, RequestState
+from engine_builder.runner.generate import Generator
+from engine_builder.runner.request_state import RequestState
+from engine_builder.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

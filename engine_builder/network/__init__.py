@@ -9,7 +9,6 @@ The graph's inputs and outputs are described in `graph_io`.
 from engine_builder.network.decoder import IR_VERSION, OPSET, build_decoder
 from engine_builder.network.export import MODEL_FILE, save_graph, write_onnx
 from engine_builder.network.options import NetworkOptions
-from engine_builder.network.weights import WEIGHTS_FILE
 
-__all__ = ["IR_VERSION", "MODEL_FILE", "OPSET", "WEIGHTS_FILE", "NetworkOptions", "build_decoder", "save_graph",
+__all__ = ["IR_VERSION", "MODEL_FILE", "OPSET", "NetworkOptions", "build_decoder", "save_graph",
            "write_onnx"]

@@ -1,6 +1,6 @@
 """One self-attention block over a static KV cache, as a generic exporter writes it.
 
-    qkv = x @ Wqkv.T (+ b)  -> Split -> [q; k; v]   (optional per-head RMSNorm on q and k)
+    qkv = x @ Wqkv.T (+ b)  -> Split -> [q; k; v]   (optional per-head norm on q and k)
     rotary(q), rotary(k)
     present = ScatterND(past, write_indices, new)   the whole buffer comes back out
                                                     (int8 cache: new quantized, present dequantized)
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from engine_builder.config import ModelConfig
+from engine_builder.formats.model_config import ModelConfig
 from engine_builder.network import kv_quant
 from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
-from engine_builder.network.norms import rms_norm
+from engine_builder.network.norms import norm
 from engine_builder.network.rotary import RotaryTables, apply_rotary
 from engine_builder.network.weights import CheckpointWeights
 
@@ -39,17 +39,18 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
     """x: [batch, seq, hidden] (already normalized)."""
     p = f"layers.{layer}.attn."
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    sliding = cfg.layer_types[layer] == "sliding_attention"
+    spec = cfg.block.attention
+    sliding = spec.layer_types[layer] == "sliding_attention"
     with b.scope("attn"):
-        qkv_bias = w[p + "qkv.bias"] if cfg.qkv_bias else None
+        qkv_bias = w[p + "qkv.bias"] if spec.qkv_bias else None
         qkv = linear(b, w, x, p + "qkv", qkv_bias)  # [batch, seq, q_dim + 2 kv_dim]
         q, k, v = b.op_multi("Split", qkv, b.ints([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]), axis=-1, num_outputs=3)
         q = b.op("Reshape", q, b.ints([0, 0, heads, head_dim]))  # [batch, seq, heads, head_dim]
         k = b.op("Reshape", k, b.ints([0, 0, kv_heads, head_dim]))  # [batch, seq, kv_heads, head_dim]
         v = b.op("Reshape", v, b.ints([0, 0, kv_heads, head_dim]))
-        if cfg.qk_norm:  # qwen3, gemma3: per-head RMSNorm before rotary
-            q = rms_norm(b, q, w[p + "q_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="q_norm")
-            k = rms_norm(b, k, w[p + "k_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="k_norm")
+        if spec.qk_norm:  # qwen3, gemma3: per-head norm before rotary
+            q = norm(b, q, w[p + "q_norm.weight"], cfg.block.norm, name="q_norm")
+            k = norm(b, k, w[p + "k_norm.weight"], cfg.block.norm, name="k_norm")
         q = b.op("Transpose", q, perm=[0, 2, 1, 3])  # [batch, heads, seq, head_dim]
         k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [batch, kv_heads, seq, head_dim]
         v = b.op("Transpose", v, perm=[0, 2, 1, 3])
@@ -70,11 +71,11 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
         keys = _repeat_kv(b, cached_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
         values = _repeat_kv(b, cached_value, heads, kv_heads, head_dim)
 
-        scale = cfg.attention_scale if cfg.attention_scale is not None else head_dim ** -0.5
+        scale = spec.scale if spec.scale is not None else head_dim ** -0.5
         scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))  # [batch, heads, seq, max_seq]
         scores = b.op("Mul", scores, b.const(scale))
-        if cfg.attn_logit_softcap:  # gemma2: cap * tanh(scores / cap), before the mask
-            cap = b.const(cfg.attn_logit_softcap)
+        if spec.logit_softcap:  # gemma2: cap * tanh(scores / cap), before the mask
+            cap = b.const(spec.logit_softcap)
             scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, cap)), cap)
         scores = b.op("Add", scores, masks.sliding if sliding else masks.full)
         if b.dtype == FLOAT:
@@ -83,7 +84,7 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
             probs = b.cast(b.op("Softmax", b.cast(scores, FLOAT), axis=-1), b.dtype)
         out = b.op("MatMul", probs, values)  # [batch, heads, seq, head_dim]
         out = b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints([0, 0, cfg.q_dim]))
-        out = linear(b, w, out, p + "o", w[p + "o.bias"] if cfg.o_bias else None)  # [batch, seq, hidden]
+        out = linear(b, w, out, p + "o", w[p + "o.bias"] if spec.o_bias else None)  # [batch, seq, hidden]
     return AttentionOutputs(out, present_key, present_value)
 
 

@@ -7,19 +7,20 @@ from pathlib import Path
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
-from engine_builder import __version__
-from engine_builder.config import CheckpointConfig, LayerType, ModelConfig
-from engine_builder.network import graph_io as io
+from engine_builder.formats import graph_io as io
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.model_config import LayerType, ModelConfig
 from engine_builder.network.attention import self_attention
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks, attention_masks
-from engine_builder.network.mlp import gated_mlp
-from engine_builder.network.norms import rms_norm
+from engine_builder.network.mlp import mlp
+from engine_builder.network.norms import norm
 from engine_builder.network.options import NetworkOptions
 from engine_builder.network.rope_frequencies import rope_frequencies
 from engine_builder.network.rotary import RotaryTables, rotary_tables
 from engine_builder.network.weights import CheckpointWeights
+from engine_builder.util.version import __version__
 
 OPSET = 24
 # the IR version onnx pairs with opset 24; onnxruntime 1.31 rejects 14, which onnx 1.23 writes
@@ -35,15 +36,17 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     ckpt = CheckpointConfig.load(ckpt_dir)
     cfg = ckpt.model
     cfg.validate()
-    dtype = DTYPES[ckpt.dtype if options.dtype == "auto" else options.dtype]
+    dtype_name = ckpt.dtype if options.dtype == "auto" else options.dtype
+    dtype = DTYPES[dtype_name]
     b = GraphBuilder(dtype)
     w = CheckpointWeights(ckpt_dir, cfg, b, ckpt.quantization)
 
     input_ids = _input(io.INPUT_IDS, INT64, [io.BATCH, io.SEQ])
     position_ids = _input(io.POSITION_IDS, INT64, [io.BATCH, io.SEQ])
     past_lengths = _input(io.PAST_LENGTHS, INT64, [io.BATCH])
-    kv_shape = [io.BATCH, cfg.num_kv_heads, options.max_seq_len, cfg.head_dim]
-    kv_dtype = ir.DataType.INT8 if ckpt.quantization.kv_cache == "int8" else dtype
+    kv = io.KVCacheLayout.of(cfg, options.max_seq_len, dtype_name, ckpt.quantization.kv_cache)
+    kv_shape = list(kv.shape(io.BATCH))
+    kv_dtype = {**DTYPES, "int8": ir.DataType.INT8}[kv.dtype]
     past = [(_input(io.past_key(i), kv_dtype, kv_shape), _input(io.past_value(i), kv_dtype, kv_shape))
             for i in range(cfg.num_layers)]
 
@@ -53,8 +56,9 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
             # gemma: a constant in the model dtype, as transformers rounds sqrt(hidden) to it
             hidden = b.op("Mul", hidden, b.const(cfg.embedding_multiplier))
 
+    attn = cfg.block.attention
     masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len,
-                            cfg.sliding_window if "sliding_attention" in cfg.layer_types else None)
+                            attn.sliding_window if "sliding_attention" in attn.layer_types else None)
     rotaries = _rotaries(b, position_ids, cfg)
 
     presents: list[ir.Value] = []
@@ -70,7 +74,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         if not options.all_logits:  # only the last position feeds sampling: skip the rest early
             # Gather of index [-1] rather than Slice: shape inference then knows the 1
             hidden = b.op("Gather", hidden, b.ints([-1]), axis=1)  # [batch, 1, hidden]
-        hidden = rms_norm(b, hidden, w["final_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset, name="final_norm")
+        hidden = norm(b, hidden, w["final_norm.weight"], cfg.block.norm, name="final_norm")
         if cfg.tie_word_embeddings and "lm_head" not in ckpt.quantization.quantized:
             logits = b.linear(hidden, w["embed.weight"])  # [batch, seq or 1, vocab]
         else:  # a quantized lm_head has its own tensors, tied or not (FORMAT.md)
@@ -90,14 +94,14 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         opset_imports={"": OPSET}, name=f"{cfg.architecture}_decoder")
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="trtbuild", producer_version=__version__)
     model.metadata_props.update({
-        "trtbuild.architecture": cfg.architecture, "trtbuild.max_seq_len": str(options.max_seq_len),
-        "trtbuild.all_logits": str(options.all_logits).lower(), "trtbuild.dtype": dtype.name.lower(),
+        io.META_ARCHITECTURE: cfg.architecture, io.META_MAX_SEQ_LEN: str(options.max_seq_len),
+        io.META_ALL_LOGITS: str(options.all_logits).lower(), io.META_DTYPE: dtype.name.lower(),
     })
     if cfg.rope.scaling.type == "longrope":
         # the tables switch once a sequence outgrows this length; keys already cached were rotated
         # with the short table, so (as transformers' phi3 generate does) the runner must re-prefill
         # the whole sequence when it grows past it
-        model.metadata_props["trtbuild.reprefill_after"] = str(
+        model.metadata_props[io.META_REPREFILL_AFTER] = str(
             rope_frequencies(cfg, "full_attention").long_after)
     # dtypes and shapes on every value: readable dumps, and the rewrite passes match on them
     ShapeInferencePass()(model)
@@ -112,7 +116,7 @@ def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict
     """cos/sin per layer type; the same tables unless local layers have their own base (gemma3)."""
     by_kind: dict[bool, RotaryTables] = {}
     tables: dict[LayerType, RotaryTables] = {}
-    for layer_type in dict.fromkeys(cfg.layer_types):
+    for layer_type in dict.fromkeys(cfg.block.attention.layer_types):
         local = layer_type == "sliding_attention" and cfg.rope.local_theta is not None
         if local not in by_kind:
             by_kind[local] = rotary_tables(b, position_ids, rope_frequencies(cfg, layer_type),
@@ -124,17 +128,17 @@ def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict
 def _decoder_layer(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, i: int,
                    rotaries: dict[LayerType, RotaryTables], masks: AttentionMasks, past_key: ir.Value,
                    past_value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Pre-norm residual block; gemma2/3 also normalize each branch's output (sandwich norms)."""
-    p, eps, off = f"layers.{i}.", cfg.rms_norm_eps, cfg.norm_offset
-    h = rms_norm(b, x, w[p + "attn_norm.weight"], eps, off, name="attn_norm")
-    attn = self_attention(b, h, cfg, w, i, rotaries[cfg.layer_types[i]], masks, past_key, past_value)
+    """Pre-norm residual block (ResidualSpec); gemma2/3 also normalize each branch's output (sandwich norms)."""
+    p, spec, residual = f"layers.{i}.", cfg.block.norm, cfg.block.residual
+    h = norm(b, x, w[p + "attn_norm.weight"], spec, name="attn_norm")
+    attn = self_attention(b, h, cfg, w, i, rotaries[cfg.block.attention.layer_types[i]], masks, past_key, past_value)
     h = attn.out
-    if cfg.post_attention_norm:
-        h = rms_norm(b, h, w[p + "post_attn_norm.weight"], eps, off, name="post_attn_norm")
+    if residual.post_attention_norm:
+        h = norm(b, h, w[p + "post_attn_norm.weight"], spec, name="post_attn_norm")
     x = b.op("Add", x, h, name="attn_residual")  # [batch, seq, hidden]
-    h = rms_norm(b, x, w[p + "mlp_norm.weight"], eps, off, name="mlp_norm")
-    h = gated_mlp(b, h, cfg, w, i)
-    if cfg.post_mlp_norm:
-        h = rms_norm(b, h, w[p + "post_mlp_norm.weight"], eps, off, name="post_mlp_norm")
+    h = norm(b, x, w[p + "mlp_norm.weight"], spec, name="mlp_norm")
+    h = mlp(b, h, cfg, w, i)
+    if residual.post_mlp_norm:
+        h = norm(b, h, w[p + "post_mlp_norm.weight"], spec, name="post_mlp_norm")
     x = b.op("Add", x, h, name="mlp_residual")
     return x, attn.present_key, attn.present_value

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from engine_builder.formats.quant_layout import weight_kind
 from engine_builder.network.builder import GraphBuilder
-from engine_builder.network.quantized_layout import weight_kind
 from engine_builder.network.weights import CheckpointWeights
 
 # activation quantization -> the QuantizeLinear output type

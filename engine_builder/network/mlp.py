@@ -1,27 +1,42 @@
-"""The gated MLP: down(act(gate) * up), gate and up from one fused [gate; up] matmul."""
+"""The MLP of a decoder layer (MlpSpec.kind).
+
+    gated   down(act(gate) * up), gate and up from one fused [gate; up] matmul
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx_ir as ir
 
-from engine_builder.config import ModelConfig
+from engine_builder.formats.model_config import ModelConfig
 from engine_builder.network.builder import GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.weights import CheckpointWeights
 
+Emit = Callable[[GraphBuilder, ir.Value], ir.Value]
 
-def gated_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, layer: int) -> ir.Value:
-    """x: [batch, seq, hidden] (already normalized) -> [batch, seq, hidden]."""
-    p = f"layers.{layer}.mlp."
-    inter = cfg.intermediate_size
+
+def mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, layer: int) -> ir.Value:
+    """x: [batch, seq, hidden] (already normalized) -> [batch, seq, hidden], by the block's MLP kind."""
     with b.scope("mlp"):
-        gate_up_bias = w[p + "gate_up.bias"] if cfg.mlp_bias else None
-        gate_up = linear(b, w, x, p + "gate_up", gate_up_bias)  # [batch, seq, 2 inter]
-        gate, up = b.op_multi("Split", gate_up, b.ints([inter, inter]), axis=-1, num_outputs=2)
-        if cfg.activation == "silu":
-            act = b.op("Mul", gate, b.op("Sigmoid", gate))  # x * sigmoid(x), as exporters write SiLU
-        else:
-            # gelu_pytorch_tanh; Gelu(approximate="tanh") is a standard op since opset 20
-            act = b.op("Gelu", gate, approximate="tanh")
-        hidden = b.op("Mul", act, up)  # [batch, seq, inter]
-        return linear(b, w, hidden, p + "down", w[p + "down.bias"] if cfg.mlp_bias else None)
+        return _MLPS[cfg.block.mlp.kind](b, x, cfg, w, f"layers.{layer}.mlp.")
+
+
+def gated_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, p: str) -> ir.Value:
+    inter, spec = cfg.intermediate_size, cfg.block.mlp
+    gate_up = linear(b, w, x, p + "gate_up", w[p + "gate_up.bias"] if spec.bias else None)  # [batch, seq, 2 inter]
+    gate, up = b.op_multi("Split", gate_up, b.ints([inter, inter]), axis=-1, num_outputs=2)
+    hidden = b.op("Mul", _ACTIVATIONS[spec.activation](b, gate), up)  # [batch, seq, inter]
+    return linear(b, w, hidden, p + "down", w[p + "down.bias"] if spec.bias else None)
+
+
+# MlpSpec.activation -> its ops
+_ACTIVATIONS: dict[str, Emit] = {
+    # x * sigmoid(x), as exporters write SiLU
+    "silu": lambda b, x: b.op("Mul", x, b.op("Sigmoid", x)),
+    # gelu_pytorch_tanh; Gelu(approximate="tanh") is a standard op since opset 20
+    "gelu_tanh": lambda b, x: b.op("Gelu", x, approximate="tanh"),
+}
+# MlpSpec.kind -> its emitter
+_MLPS = {"gated": gated_mlp}

@@ -1,4 +1,4 @@
-"""RMSNorm as plain ops, in the exact order transformers computes it.
+"""The model's norms (NormSpec.kind), as plain ops. RMSNorm in the exact order transformers computes it:
 
     Pow(x, 2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Reciprocal -> Mul(x) -> Mul(weight)
 
@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from engine_builder.formats.model_config import NormSpec
 from engine_builder.network.builder import FLOAT, GraphBuilder
+
+
+def norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, spec: NormSpec, name: str = "norm") -> ir.Value:
+    """x: [..., hidden] normalized over the last axis by the norm kind of SPEC."""
+    return _NORMS[spec.kind](b, x, weight, spec.eps, spec.weight_offset, name=name)
 
 
 def rms_norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, eps: float, offset: float = 0.0,
@@ -31,3 +37,7 @@ def rms_norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, eps: float, offset:
         if upcast:
             h = b.cast(h, b.dtype)
         return b.op("Mul", h, weight)
+
+
+# NormSpec.kind -> its emitter
+_NORMS = {"rms_norm": rms_norm}

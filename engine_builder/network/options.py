@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine_builder.errors import ConfigError
+from engine_builder.formats.build_config import check_limit
+from engine_builder.util.errors import ConfigError
 
 ComputeDtype = Literal["auto", "float32", "float16", "bfloat16"]
 
@@ -20,7 +21,6 @@ class NetworkOptions:
     dtype: ComputeDtype = "auto"
 
     def validate(self) -> None:
-        if not isinstance(self.max_seq_len, int) or self.max_seq_len <= 0:
-            raise ConfigError(f"max_seq_len must be a positive integer, got {self.max_seq_len!r}")
+        check_limit("max_seq_len", self.max_seq_len)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype {self.dtype!r} is not one of auto, float32, float16, bfloat16")

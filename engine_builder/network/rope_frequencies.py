@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine_builder.config import LayerType, ModelConfig, RopeScaling
-from engine_builder.errors import UnsupportedError
+from engine_builder.formats.model_config import LayerType, ModelConfig, RopeScaling
+from engine_builder.util.errors import UnsupportedError
 
 
 @dataclass(frozen=True)

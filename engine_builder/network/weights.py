@@ -19,19 +19,12 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from converters.base import expected_shapes
-from engine_builder.config import ModelConfig, Quantization
-from engine_builder.errors import InputError, UnsupportedError
+from engine_builder.formats.checkpoint import WEIGHTS_FILE, expected_shapes
+from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.quant_layout import FLOATS, StoredLayout, check_scheme, kv_cache_layout, quantized_layout
+from engine_builder.formats.quantization import Quantization
 from engine_builder.network.builder import GraphBuilder
-from engine_builder.network.quantized_layout import (
-    FLOATS,
-    StoredLayout,
-    check_scheme,
-    kv_cache_layout,
-    quantized_layout,
-)
-
-WEIGHTS_FILE = "rank0.safetensors"
+from engine_builder.util.errors import InputError, UnsupportedError
 
 # quantized linears add I8, U8 (packed int4) and F8_E4M3 (converters/quantize/FORMAT.md)
 _ST_DTYPES = {"F32": ir.DataType.FLOAT, "F16": ir.DataType.FLOAT16, "BF16": ir.DataType.BFLOAT16,

@@ -13,39 +13,44 @@ It does not advance the cache lengths: the loop calls kv.advance for the slots t
 request, so slots that ride along idle in a batched decode (length 0: they write one junk entry at
 position 0, which the next prefill of that slot overwrites first) never count as filled.
 
-backend="auto" takes TensorRT when the engine dir has an engine that `compatibility_verdict`
-says can run on this machine, and onnxruntime on the ONNX twin otherwise; the reason is kept so
-`trtbuild run --json` and LLM.backend_reason can say why.
+Each implementation registers itself with `@register_backend(preference)` and says, from the
+manifest and the host alone, whether it can run an engine dir here (`usable`). Which one runs is
+backend_choice.py's business; the generation loop only sees this interface.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
 
-from engine_builder.errors import InputError, UnsupportedError
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
 
-BACKENDS = ("auto", "onnxruntime", "tensorrt")
 KVUpdate = Literal["in_place", "copy"]
 
 
 class Backend(ABC):
-    name: ClassVar[str]
+    name: ClassVar[str]  # what --backend calls it
+    title: ClassVar[str]  # what messages call it
     kv: KVCacheManager
     vocab_size: int
     kv_update: KVUpdate  # in_place: past and present share one buffer; copy: present is a separate buffer
     reprefill_after: int | None  # longrope: re-prefill a sequence when its length reaches this
     max_input_len: int  # longest multi-token step the engine takes (TensorRT prefill profile)
     execute_seconds: float  # wall time inside the engine call, summed over every step
+
+    @classmethod
+    @abstractmethod
+    def usable(cls, engine: EngineDir) -> tuple[bool, str]:
+        """Can this backend run ENGINE here, and why (or why not)? Decided before anything is loaded."""
+
+    @classmethod
+    @abstractmethod
+    def open(cls, engine: EngineDir, *, threads: int | None = None) -> Backend:
+        """The backend, loaded. threads: CPU threads where the backend computes on the CPU."""
 
     def step(self, first_slot: int, input_ids: np.ndarray) -> np.ndarray:
         """bind + execute + read_logits: logits [rows, vocab] float32."""
@@ -92,78 +97,19 @@ class Backend(ABC):
         """Release engine resources; the backend cannot be used afterwards."""
 
 
-@dataclass(frozen=True)
-class BackendChoice:
-    name: str  # onnxruntime | tensorrt
-    reason: str  # why this one: the TensorRT verdict, or the user's request
+_REGISTRY: dict[str, tuple[int, type[Backend]]] = {}
 
 
-def choose_backend(engine: EngineDir, backend: str = "auto") -> BackendChoice:
-    """Which backend `backend` means for this engine dir on this machine, and why."""
-    if backend not in BACKENDS:
-        raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "onnxruntime":
-        return BackendChoice("onnxruntime", "requested")
-    ok, verdict = trt_verdict(engine)
-    if backend == "tensorrt":
-        if not ok:
-            raise UnsupportedError(f"cannot use the TensorRT engine in {engine.path}: {verdict}; "
-                                   "run with --backend onnxruntime (or auto) to use the ONNX twin on CPU")
-        return BackendChoice("tensorrt", verdict)
-    if ok:
-        return BackendChoice("tensorrt", verdict)
-    return BackendChoice("onnxruntime", f"TensorRT not usable: {verdict}")
+def register_backend(preference: int):
+    """Register a Backend subclass under its `name`; "auto" tries the usable ones, highest preference first."""
+
+    def decorate(cls: type[Backend]) -> type[Backend]:
+        _REGISTRY[cls.name] = (preference, cls)
+        return cls
+
+    return decorate
 
 
-def trt_verdict(engine: EngineDir) -> tuple[bool, str]:
-    """compatibility_verdict for the engine dir's rank0.engine, or why there is none."""
-    if not engine.tensorrt or "tensorrt" not in engine.targets:
-        return False, "the engine dir was built without the tensorrt target"
-    from engine_builder.trt_inspect import compatibility_verdict
-
-    return compatibility_verdict(engine.tensorrt, engine_path=engine.engine_path)
-
-
-def open_backend(engine: EngineDir, backend: str = "auto", *,
-                 threads: int | None = None) -> tuple[Backend, BackendChoice]:
-    """The chosen backend, opened. threads: onnxruntime intra-op threads (default: physical cores)."""
-    choice = choose_backend(engine, backend)
-    if choice.name == "tensorrt":
-        from engine_builder.runner.trt_backend import TrtBackend
-
-        return TrtBackend(engine), choice
-    from engine_builder.runner.ort_backend import OrtBackend
-
-    return OrtBackend(engine, threads=threads), choice
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on: onnxruntime's intra-op threads.
-
-    Hyper-threads share a core's FMA units, so a second thread per core adds contention rather
-    than throughput for GEMM-bound decoding (onnxruntime's own default is also one per core).
-    """
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cores = _cores_from_cpuinfo(Path("/proc/cpuinfo"))
-    if cores is None:
-        try:
-            import psutil  # optional: not a dependency
-
-            cores = psutil.cpu_count(logical=False)
-        except ImportError:
-            cores = None
-    return max(1, min(cores or allowed, allowed))
-
-
-def _cores_from_cpuinfo(path: Path) -> int | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    pairs = set()
-    for block in text.split("\n\n"):
-        phys = re.search(r"^physical id\s*:\s*(\d+)", block, re.M)
-        core = re.search(r"^core id\s*:\s*(\d+)", block, re.M)
-        if phys and core:
-            pairs.add((phys[1], core[1]))
-    return len(pairs) or None
+def registered_backends() -> list[type[Backend]]:
+    """Every registered backend, the preferred first."""
+    return [cls for _, cls in sorted(_REGISTRY.values(), key=lambda entry: -entry[0])]

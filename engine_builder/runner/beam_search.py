@@ -18,26 +18,25 @@ beams, and the cache rows are reordered (copied) whenever beams swap parents.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterator
 
 import numpy as np
 
+from engine_builder.runner.backend import Backend
 from engine_builder.runner.logits_processors import log_softmax
+from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.sampler import TokenLogprobs
-
-if TYPE_CHECKING:
-    from engine_builder.runner.generate import Event, Generator, RequestState, _Clock
 
 NEG = np.float32(-1e9)  # HF's "impossible" score
 
 
-def run_beam_search(gen: Generator, r: RequestState, clock: _Clock) -> Iterator[Event]:
+def run_beam_search(backend: Backend, eos_token_ids: Collection[int], r: RequestState,
+                    clock: StepClock) -> Iterator[Event]:
     import time
 
-    backend, kv, params = gen.backend, gen.backend.kv, r.params
+    kv, params = backend.kv, r.params
     beams, max_new, prompt_len = params.num_beams, params.max_new_tokens, len(r.prompt_ids)
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(gen.eos_token_ids))
+    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     stop_lookup = np.zeros(backend.vocab_size, bool)  # [vocab]
     stop_lookup[[t for t in stop_ids if t < backend.vocab_size]] = True
     keep = max(2, 1 + len(stop_ids)) * beams
@@ -127,7 +126,7 @@ def run_beam_search(gen: Generator, r: RequestState, clock: _Clock) -> Iterator[
 
     best = int(np.argmax(done_scores))  # already sorted best first; argmax guards ties
     tokens = [int(t) for t in done_tokens[best, :done_len[best]]]
-    yield from _finish(gen, r, tokens, done_lp[best] if top_n is not None else None)
+    yield from _finish(r, tokens, done_lp[best] if top_n is not None else None)
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -160,10 +159,8 @@ def _candidate_logprobs(logp: np.ndarray, parent: np.ndarray, token: np.ndarray,
     return out
 
 
-def _finish(gen: Generator, r: RequestState, tokens: list[int], logprobs) -> Iterator[Event]:
+def _finish(r: RequestState, tokens: list[int], logprobs) -> Iterator[Event]:
     """Run the chosen hypothesis through the request's StopChecker: text, stop strings, finish reason."""
-    from engine_builder.runner.generate import Event
-
     text = ""
     for i, t in enumerate(tokens):
         out = r.stop.step(t)

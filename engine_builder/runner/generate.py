@@ -32,78 +32,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from engine_builder.errors import CapacityError, InputError
 from engine_builder.runner.backend import Backend
+from engine_builder.runner.beam_search import run_beam_search
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
+from engine_builder.runner.request_state import Event, RequestState, StepClock, Timings
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.runner.stopping import FinishReason, StopChecker
-
-
-@dataclass(frozen=True)
-class Event:
-    request: int  # RequestState.index: the prompt's index in this run (an executor's request id)
-    text: str  # new text safe to show (stop-string hold-back applied)
-    finished: bool
-    token_id: int | None = None  # the token this event is for; None for beam search's single final event
-    logprobs: TokenLogprobs | None = None  # of token_id, when the request asked for logprobs
-
-
-@dataclass(frozen=True)
-class Timings:
-    prefill_ms: float  # engine + sampling time of every prefill step (prompt -> first token)
-    decode_tok_s: float  # tokens from decode steps / time in decode steps, all requests together
-    decode_tokens: int
-    decode_steps: int
-    decode_seconds: float
-    execute_seconds: float  # inside the backend's engine call, decode steps only
-    overhead_share: float  # (decode_seconds - execute_seconds) / decode_seconds: Python per step
-
-    def to_json(self) -> dict[str, float]:
-        return {"prefill_ms": round(self.prefill_ms, 3), "decode_tok_s": round(self.decode_tok_s, 3),
-                "decode_tokens": self.decode_tokens, "decode_steps": self.decode_steps,
-                "overhead_share": round(self.overhead_share, 5)}
-
-
-@dataclass
-class RequestState:
-    """One request's progress. Mutable by design: it grows by a token per step."""
-
-    index: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    sampling: SamplingState
-    stop: StopChecker
-    slot: int | None = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] | None = None
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    text: str = ""  # final text (filled when finished)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class _Clock:
-    """Sums of prefill / decode / engine time for one run."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.prefill = self.decode = self.execute = 0.0
-        self.decode_tokens = self.decode_steps = 0
-
-    def timings(self) -> Timings:
-        tok_s = self.decode_tokens / self.decode if self.decode > 0 else 0.0
-        share = (self.decode - self.execute) / self.decode if self.decode > 0 else 0.0
-        return Timings(self.prefill * 1e3, tok_s, self.decode_tokens, self.decode_steps, self.decode,
-                       self.execute, share)
+from engine_builder.runner.stopping import StopChecker
+from engine_builder.util.errors import CapacityError, InputError
 
 
 class Generator:
@@ -176,14 +116,12 @@ class Generator:
 
     def _loop(self, requests: list[RequestState]) -> Iterator[Event]:
         self.claim("an unfinished stream?", "finish or close it first")
-        clock = _Clock(self.backend)
+        clock = StepClock(self.backend)
         try:
             yield from self._run_sampled(deque(r for r in requests if r.params.num_beams == 1), clock)
             for r in requests:
                 if r.params.num_beams > 1:
-                    from engine_builder.runner.beam_search import run_beam_search
-
-                    yield from run_beam_search(self, r, clock)
+                    yield from run_beam_search(self.backend, self.eos_token_ids, r, clock)
         finally:
             for r in requests:  # on an error or an abandoned stream: give every slot back
                 if r.slot is not None:
@@ -191,7 +129,7 @@ class Generator:
             self.timings = clock.timings()
             self.unclaim()
 
-    def _run_sampled(self, waiting: deque[RequestState], clock: _Clock) -> Iterator[Event]:
+    def _run_sampled(self, waiting: deque[RequestState], clock: StepClock) -> Iterator[Event]:
         kv = self.backend.kv
         active: dict[int, RequestState] = {}  # slot -> request
         while waiting or active:
@@ -245,7 +183,7 @@ class Generator:
                 if r.slot is None:
                     del active[slot]
 
-    def decode(self, active: dict[int, RequestState], events: list[Event], clock: _Clock | None = None) -> None:
+    def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
         """One engine call feeding every active request its last token; finished ones leave `active`.
         Slots in [0, highest active + 1) that are not active ride along (free, or mid-way through a
         chunked prefill): each writes one junk entry at its own length, which that slot's next

@@ -1,6 +1,6 @@
 """Slot-based static KV cache: one preallocated buffer per layer, one slot per running request.
 
-The decoder graph (engine_builder/network/graph_io.py) takes the whole cache as
+The decoder graph (engine_builder/formats/graph_io.py) takes the whole cache as
 past_key.{i} / past_value.{i} [batch, kv_heads, max_seq, head_dim] plus past_lengths [batch]
 and writes token t of row b at position past_lengths[b] + t. So a slot is a batch row, and
 its length is that row's past_lengths entry. Buffers are allocated once, zero-filled (the
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_builder.errors import CapacityError, InputError
+from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.util.errors import CapacityError, InputError
 
 
 def _kv_dtype(dtype) -> np.dtype:
@@ -58,6 +59,12 @@ class KVCacheManager:
         self._reserved = np.zeros(batch_slots, np.int64)  # [slots] prompt_len + max_new_tokens
         self._owner: list[object | None] = [None] * batch_slots
         self._slot_of: dict[object, int] = {}
+
+    @classmethod
+    def for_layout(cls, layout: KVCacheLayout, batch_slots: int, host_buffers: bool = True) -> KVCacheManager:
+        """batch_slots sequences of the graph's cache layout (formats/graph_io.py)."""
+        return cls(layout.num_layers, batch_slots, layout.kv_heads, layout.max_seq, layout.head_dim, layout.dtype,
+                   host_buffers)
 
     @property
     def nbytes(self) -> int:

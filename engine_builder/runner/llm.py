@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine_builder.errors import InputError
-from engine_builder.runner.backend import open_backend
-from engine_builder.runner.engine_dir import EngineDir
-from engine_builder.runner.generate import Event, Generator, RequestState, Timings
+from engine_builder.runner.backend_choice import open_backend
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.generate import Generator
+from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import Sampler, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.util.errors import InputError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
 

@@ -32,11 +32,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from engine_builder.errors import UnsupportedError
-from engine_builder.runner._graph_io import io
-from engine_builder.runner.backend import Backend, KVUpdate, physical_cores
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats import graph_io as io
+from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.runner.backend import Backend, KVUpdate, register_backend
+from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.util.cpu_cores import physical_cores
+from engine_builder.util.errors import InputError, UnsupportedError
 
 OPTIMIZATION_LEVELS = {
     "float32": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
@@ -45,7 +47,6 @@ OPTIMIZATION_LEVELS = {
 }
 # (domain, op) that update a past/present pair bound to one buffer in place (onnxruntime 1.31)
 IN_PLACE_OPS = {("com.microsoft", "GroupQueryAttention"), ("", "TensorScatter"), ("ai.onnx", "TensorScatter")}
-KV_UPDATE_META = "trtbuild.kv_update"
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
               "tensor(int8)": "int8"}  # int8: `convert --kv-cache int8`
 
@@ -71,9 +72,9 @@ def kv_update_mode(model_path: Path) -> tuple[KVUpdate, str]:
 
     model = onnx.load(str(model_path), load_external_data=False)  # the graph only, not the weights
     meta = {p.key: p.value for p in model.metadata_props}
-    flag = meta.get(KV_UPDATE_META)
+    flag = meta.get(io.META_KV_UPDATE)
     if flag in ("in_place", "copy"):
-        return flag, f"model metadata {KV_UPDATE_META}={flag}"  # type: ignore[return-value]
+        return flag, f"model metadata {io.META_KV_UPDATE}={flag}"  # type: ignore[return-value]
     producers = {out: node for node in model.graph.node for out in node.output}
     ops: set[str] = set()
     for output in model.graph.output:
@@ -105,8 +106,18 @@ def _producer_ops(node, name: str) -> list[tuple[str, str]]:
     return found
 
 
+@register_backend(preference=0)
 class OrtBackend(Backend):
     name = "onnxruntime"
+    title = "onnxruntime"
+
+    @classmethod
+    def usable(cls, engine: EngineDir) -> tuple[bool, str]:
+        return True, ""  # every engine dir carries its twin (EngineDir.load checks the file)
+
+    @classmethod
+    def open(cls, engine: EngineDir, *, threads: int | None = None) -> OrtBackend:
+        return cls(engine, threads=threads)
 
     def __init__(self, engine: EngineDir, *, threads: int | None = None,
                  optimization_level: ort.GraphOptimizationLevel | None = None,
@@ -121,24 +132,23 @@ class OrtBackend(Backend):
                    f"its CPU kernels do not cover every {engine.dtype} op: rebuild with --dtype float32 to run on CPU")
             raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
                                    f"{str(exc).splitlines()[0]}; {fix}") from None
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        past = sorted((n for n in inputs if n.startswith("past_key.")), key=lambda n: int(n.split(".")[1]))
-        num_layers = len(past)
-        _, kv_heads, max_seq, head_dim = inputs[io.past_key(0)].shape  # [batch, kv_heads, max_seq, head_dim]
-        self.kv_dtype = _ORT_TYPES[inputs[io.past_key(0)].type]
+        layout = engine.kv_layout
+        _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)
+        num_layers, max_seq = layout.num_layers, layout.max_seq
+        self.kv_dtype = layout.dtype
         lim = engine.limits
-        self.kv = KVCacheManager(num_layers, lim.max_batch, int(kv_heads), int(max_seq), int(head_dim), self.kv_dtype)
+        self.kv = KVCacheManager.for_layout(layout, lim.max_batch)
         self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
         self.max_input_len = lim.max_input_len
         meta = self.session.get_modelmeta().custom_metadata_map
-        self.reprefill_after = int(meta["trtbuild.reprefill_after"]) if "trtbuild.reprefill_after" in meta else None
-        self.all_logits = meta.get("trtbuild.all_logits") == "true"
+        self.reprefill_after = io.reprefill_after(meta)
+        self.all_logits = meta.get(io.META_ALL_LOGITS) == "true"
         if kv_update is None:
             self.kv_update, self.kv_update_reason = kv_update_mode(engine.onnx_path)
         else:
             self.kv_update, self.kv_update_reason = kv_update, "requested"
         self._num_layers = num_layers
-        self._kv_shape = (int(kv_heads), int(max_seq), int(head_dim))
+        self._kv_shape = layout.shape(0)[1:]  # [kv_heads, max_seq, head_dim]
         # Flat buffers viewed as [rows, seq]: a row range of a 2-D array would not be contiguous.
         # A re-prefill (longrope) feeds a whole sequence: up to max_seq_len tokens in one row.
         width = max(lim.max_batch * lim.max_input_len, int(max_seq))
@@ -225,3 +235,16 @@ class OrtBackend(Backend):
         self._decode_bindings.clear()
         self._bound = None
         self.session = None  # type: ignore[assignment]
+
+
+def _check_graph_cache(engine: EngineDir, inputs: dict[str, ort.NodeArg], layout: KVCacheLayout) -> None:
+    """model.onnx takes the cache its manifest describes (a dir mixed from two builds fails here, not mid-run)."""
+    past = [n for n in inputs if n.startswith("past_key.")]
+    first = inputs.get(io.past_key(0))
+    if (len(past) != layout.num_layers or first is None or list(first.shape[1:]) != list(layout.shape(0)[1:])
+            or _ORT_TYPES.get(first.type) != layout.dtype):
+        graph = f"{len(past)} layers of {first.shape[1:]} {first.type}" if first is not None else "no past_key.0"
+        raise InputError(f"{engine.onnx_path} takes a KV cache of {graph}, but its manifest describes "
+                         f"{layout.num_layers} layers of {list(layout.shape(0)[1:])} {layout.dtype}; the engine dir "
+                         "mixes two builds: rebuild it with `trtbuild build <ckpt-dir> "
+                         f"{engine.path} --force`")

@@ -20,9 +20,9 @@ from typing import Literal
 
 import numpy as np
 
-from engine_builder.errors import InputError
 from engine_builder.runner import logits_processors as lp
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.util.errors import InputError
 
 
 class SamplingState:

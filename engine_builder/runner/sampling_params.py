@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine_builder.errors import InputError
+from engine_builder.util.errors import InputError
 
 # HF `generate()` samples with top_k=50 when sampling is on and neither the call nor the
 # checkpoint sets top_k (GenerationConfig._get_default_generation_params); merged configs

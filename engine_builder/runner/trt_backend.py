@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from engine_builder import trt_compat
-from engine_builder.errors import CapacityError, UnsupportedError
-from engine_builder.runner._graph_io import io
-from engine_builder.runner.backend import Backend, trt_verdict
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats import graph_io as io
+from engine_builder.runner.backend import Backend, register_backend
+from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.trt import compat as trt_compat
+from engine_builder.util.errors import CapacityError, UnsupportedError
 
 Shape = tuple[int, ...]
 Profile = Mapping[str, tuple[Shape, Shape, Shape]]  # input name -> (min, opt, max)
@@ -109,11 +109,26 @@ def apply_plan(context: Any, plan: Sequence[Binding]) -> None:
 
 # --- the GPU side -----------------------------------------------------------------------------
 
+@register_backend(preference=10)
 class TrtBackend(Backend):
     name = "tensorrt"
+    title = "TensorRT"
+
+    @classmethod
+    def usable(cls, engine: EngineDir) -> tuple[bool, str]:
+        """compatibility_verdict for the engine dir's rank0.engine, or why there is none."""
+        if not engine.tensorrt or "tensorrt" not in engine.targets:
+            return False, "the engine dir was built without the tensorrt target"
+        from engine_builder.trt.compatibility import compatibility_verdict
+
+        return compatibility_verdict(engine.tensorrt, engine_path=engine.engine_path)
+
+    @classmethod
+    def open(cls, engine: EngineDir, *, threads: int | None = None) -> TrtBackend:
+        return cls(engine)
 
     def __init__(self, engine: EngineDir, *, verdict: tuple[bool, str] | None = None) -> None:
-        ok, reason = trt_verdict(engine) if verdict is None else verdict
+        ok, reason = self.usable(engine) if verdict is None else verdict
         if not ok:  # decided from the manifest and the host before touching CUDA
             raise UnsupportedError(f"cannot run the TensorRT engine in {engine.path}: {reason}; use "
                                    "--backend onnxruntime (or auto) to run its ONNX twin on CPU")
@@ -140,12 +155,12 @@ class TrtBackend(Backend):
                          for p in range(e.num_optimization_profiles)]
         self.max_input_len = max(p[io.INPUT_IDS][2][1] for p in self.profiles)
         meta = engine.graph_metadata  # the same decoder as the twin: its longrope switch applies here too
-        self.reprefill_after = int(meta["trtbuild.reprefill_after"]) if "trtbuild.reprefill_after" in meta else None
+        self.reprefill_after = io.reprefill_after(meta)
         self.aliased = {n: a for n in names if e.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT
                         and (a := e.get_aliased_input_tensor(n))}
         self.kv_update = "in_place" if all(io.present_key(i) in self.aliased for i in range(num_layers)) else "copy"
         kv_dtype = getattr(torch, _TORCH_DTYPES[e.get_tensor_dtype(io.past_key(0)).name])
-        self.kv = KVCacheManager(num_layers, lim.max_batch, *kv_shape, dtype=engine.dtype, host_buffers=False)
+        self.kv = KVCacheManager.for_layout(engine.kv_layout, lim.max_batch, host_buffers=False)
 
         cuda = torch.device("cuda")
         shape = (lim.max_batch, *kv_shape)  # [slots, kv_heads, max_seq, head_dim]

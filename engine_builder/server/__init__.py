@@ -3,7 +3,7 @@
     from engine_builder.server import serve
     serve("engine-dir", port=8000)          # blocks until SIGINT/SIGTERM
 
-create_app (FastAPI, engine_builder.server.app) is the same server without uvicorn, for embedding.
+create_app (FastAPI, engine_builder.server.asgi_app) is the same server without uvicorn, for embedding.
 """
 
 from engine_builder.server.config import ServerConfig

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine_builder.server.errors import UNAUTHORIZED, error_body, is_openai_route
+from engine_builder.server.http_errors import UNAUTHORIZED, error_body, is_openai_route
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/docs", "/openapi.json"})
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_builder.build_config import Limits
-from engine_builder.errors import InputError
+from engine_builder.formats.build_config import Limits
+from engine_builder.util.errors import InputError
 
 # Active generation requests (queued + running) the server accepts before it answers 429; a
 # queue well beyond the engine's KV slots only adds latency, never throughput.

@@ -25,12 +25,11 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine_builder.errors import TrtbuildError
 from engine_builder.executor import Executor, RequestHandle, TokenEvent
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.config import ServerConfig
-from engine_builder.server.errors import (
+from engine_builder.server.http_errors import (
     GENERATION,
     OVERLOADED,
     UNAVAILABLE,
@@ -40,6 +39,7 @@ from engine_builder.server.errors import (
     from_trtbuild_error,
 )
 from engine_builder.server.metrics import ServerMetrics
+from engine_builder.util.errors import TrtbuildError
 
 # How often a non-streaming request checks that its client is still connected: a disconnect frees
 # the KV slot within this much time, at the cost of one receive() poll per interval.

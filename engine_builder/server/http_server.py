@@ -24,8 +24,8 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine_builder.errors import InputError
 from engine_builder.server.config import DEFAULT_MAX_CONCURRENT_REQUESTS, ServerConfig
+from engine_builder.util.errors import InputError
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -40,8 +40,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits)."""
     from engine_builder.executor import Executor, SchedulerConfig
-    from engine_builder.runner.backend import BACKENDS
-    from engine_builder.runner.engine_dir import EngineDir
+    from engine_builder.runner.backend_choice import BACKENDS
+    from engine_builder.runner.engine import EngineDir
 
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -58,7 +58,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     sock = _bind(host, port)
 
     from engine_builder.runner.llm import LLM
-    from engine_builder.server.app import create_app
+    from engine_builder.server.asgi_app import create_app
 
     with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads) as llm:
         executor = Executor(llm, scheduler)

@@ -22,7 +22,6 @@ from fastapi import APIRouter, Depends, Request
 
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.server.errors import MODEL_NOT_FOUND, VALIDATION, ApiError
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
@@ -33,6 +32,7 @@ from engine_builder.server.generation import (
     server_state,
     sse,
 )
+from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
 from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.server.errors import VALIDATION, ApiError
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
@@ -35,6 +34,7 @@ from engine_builder.server.generation import (
     server_state,
     sse,
 )
+from engine_builder.server.http_errors import VALIDATION, ApiError
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 import converters
 from converters.convert import convert
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
+from engine_builder.formats.model_config import AttentionSpec, BlockSpec, MlpSpec, NormSpec, ResidualSpec
 
 
 def hf_state(hf_dir) -> dict[str, torch.Tensor]:
@@ -36,12 +37,12 @@ def test_every_tensor_consumed_and_fused_layouts_equal_cat(converted):
     hf_config = json.loads((hf_dir / "config.json").read_text())
     out = load_file(ckpt / "rank0.safetensors")
     cfg = CheckpointConfig.load(ckpt).model
-    plan = converters.base.plan_conversion(converters.get_converter(hf_config["model_type"]), cfg,
-                                           {k: converters.base.TensorInfo(tuple(v.shape), "float32")
+    plan = converters.registry.plan_conversion(converters.get_converter(hf_config["model_type"]), cfg,
+                                           {k: converters.registry.TensorInfo(tuple(v.shape), "float32")
                                             for k, v in state.items()})
     consumed = {s for t in plan.tensors for s in t.sources} | set(plan.dropped)
     assert consumed == set(state)
-    assert set(out) == {t.name for t in plan.tensors} == set(converters.base.expected_shapes(cfg))
+    assert set(out) == {t.name for t in plan.tensors} == set(expected_shapes(cfg))
     for t in plan.tensors:
         expected = torch.cat([state[s] for s in t.sources], dim=0)
         assert tuple(out[t.name].shape) == t.shape
@@ -71,7 +72,9 @@ def test_config_fields_match_transformers(converted):
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     assert cfg.head_dim == head_dim
     assert cfg.tie_word_embeddings == hf.tie_word_embeddings
-    assert cfg.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+    block = cfg.block
+    assert block.norm.kind == "rms_norm" and block.mlp.kind == "gated"
+    assert block.norm.eps == pytest.approx(hf.rms_norm_eps)
     # rope: transformers 5 keeps everything in rope_parameters (per layer type for gemma3)
     params = hf.rope_parameters.get("full_attention", hf.rope_parameters)
     assert cfg.rope.theta == params["rope_theta"]
@@ -82,24 +85,38 @@ def test_config_fields_match_transformers(converted):
             assert cfg.rope.scaling.factor == params["factor"]
     layer_types = getattr(hf, "layer_types", None)
     if layer_types:
-        assert list(cfg.layer_types) == list(layer_types)
+        assert list(block.attention.layer_types) == list(layer_types)
     window = getattr(hf, "sliding_window", None)
-    assert cfg.sliding_window == (window if "sliding_attention" in cfg.layer_types else None)
+    assert block.attention.sliding_window == (window if "sliding_attention" in block.attention.layer_types else None)
 
-    expected = {
-        "llama": dict(qkv_bias=False, activation="silu", norm_offset=0.0, qk_norm=False),
-        "llama_tied": dict(tie_word_embeddings=True, head_dim=32),
-        "mistral": dict(layer_types=("sliding_attention",) * 2, sliding_window=8),
-        "qwen2": dict(qkv_bias=True, o_bias=False, layer_types=("full_attention", "sliding_attention")),
-        "qwen3": dict(qk_norm=True, qkv_bias=False, head_dim=32),
-        "phi3": dict(qkv_bias=False),
-        "gemma2": dict(norm_offset=1.0, activation="gelu_tanh", post_attention_norm=True, post_mlp_norm=True,
-                       attn_logit_softcap=50.0, final_logit_softcap=30.0, attention_scale=24 ** -0.5,
-                       embedding_multiplier=math.sqrt(64),
-                       layer_types=("sliding_attention", "full_attention") * 2),
-        "gemma3_text": dict(norm_offset=1.0, qk_norm=True, attn_logit_softcap=None, attention_scale=0.25,
-                            layer_types=("sliding_attention", "full_attention") * 2),
+    # the whole block spec of each architecture, as it lands in config.json
+    norm, gemma_norm = NormSpec(eps=block.norm.eps), NormSpec(eps=block.norm.eps, weight_offset=1.0)
+    gemma_residual = ResidualSpec(post_attention_norm=True, post_mlp_norm=True)
+    expected_block = {
+        "llama": BlockSpec(norm, AttentionSpec(layer_types=("full_attention",) * 2), MlpSpec()),
+        "llama_tied": BlockSpec(norm, AttentionSpec(layer_types=("full_attention",) * 2), MlpSpec()),
+        "mistral": BlockSpec(norm, AttentionSpec(sliding_window=8, layer_types=("sliding_attention",) * 2),
+                             MlpSpec()),
+        "qwen2": BlockSpec(norm, AttentionSpec(qkv_bias=True, sliding_window=8,
+                                               layer_types=("full_attention", "sliding_attention")), MlpSpec()),
+        "qwen3": BlockSpec(norm, AttentionSpec(qk_norm=True, layer_types=("full_attention",) * 2), MlpSpec()),
+        "phi3": BlockSpec(norm, AttentionSpec(layer_types=("full_attention",) * 2), MlpSpec()),
+        "gemma2": BlockSpec(gemma_norm,
+                            AttentionSpec(scale=24 ** -0.5, logit_softcap=50.0, sliding_window=8,
+                                          layer_types=("sliding_attention", "full_attention") * 2),
+                            MlpSpec(activation="gelu_tanh"), gemma_residual),
+        "gemma3_text": BlockSpec(gemma_norm,
+                                 AttentionSpec(qk_norm=True, scale=0.25, sliding_window=8,
+                                               layer_types=("sliding_attention", "full_attention") * 2),
+                                 MlpSpec(activation="gelu_tanh"), gemma_residual),
     }[arch]
+    assert block == expected_block
+    expected = {
+        "llama": dict(embedding_multiplier=1.0, final_logit_softcap=None),
+        "llama_tied": dict(tie_word_embeddings=True, head_dim=32),
+        "gemma2": dict(final_logit_softcap=30.0, embedding_multiplier=math.sqrt(64)),
+        "gemma3_text": dict(final_logit_softcap=None, embedding_multiplier=math.sqrt(64)),
+    }.get(arch, {})
     for key, value in expected.items():
         assert getattr(cfg, key) == value, key
     if hf.model_type == "phi3":

@@ -116,6 +116,25 @@ def test_out_exists_needs_force(tiny_model_dir, tmp_path):
     assert not (out / "keep.txt").exists() and (out / "rank0.safetensors").is_file()
 
 
+def test_checkpoint_of_schema_1_says_to_reconvert(tiny_model_dir, tmp_path):
+    """A checkpoint dir from before the typed block spec (schema 1: flat flags in "model") is refused by
+    `trtbuild build` in one line that names its schema and the command that rewrites it."""
+    ckpt = tmp_path / "ckpt"
+    proc = run_convert(tiny_model_dir("llama"), ckpt)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((ckpt / "config.json").read_text())
+    block = config["model"].pop("block")
+    config["model"].update(rms_norm_eps=block["norm"]["eps"], norm_offset=block["norm"]["weight_offset"],
+                           activation=block["mlp"]["activation"], mlp_bias=block["mlp"]["bias"],
+                           **{k: v for k, v in block["attention"].items() if k not in ("scale", "logit_softcap")},
+                           attention_scale=None, attn_logit_softcap=None, **block["residual"])
+    (ckpt / "config.json").write_text(json.dumps({**config, "schema_version": 1}))
+    out = tmp_path / "engine"
+    proc = trtbuild("build", ckpt, out, "--target", "onnxruntime", timeout=120)
+    cli_process.assert_user_error(proc, "schema 1", "trtbuild convert")
+    assert not out.exists()
+
+
 def test_bad_dtype_flag(tiny_model_dir, tmp_path):
     assert_user_error(run_convert(tiny_model_dir("llama"), tmp_path / "out", "--dtype", "int3"),
                       tmp_path / "out", "--dtype")

@@ -21,8 +21,8 @@ from gguf.quants import dequantize, quantize
 from tiny_gguf import GGUF_NAME, HEAD_DIM, hf_weights, llama_cpp_permute, n_head_if_permuted, write_tiny_llama
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from converters.gguf_source import GGUFSource
-from engine_builder.errors import InputError, TrtbuildError, UnsupportedError
+from converters.sources.gguf import GGUFSource
+from engine_builder.util.errors import InputError, TrtbuildError, UnsupportedError
 
 # ---------------------------------------------------------------- the real model
 

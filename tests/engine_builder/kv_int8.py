@@ -18,7 +18,7 @@ import transformers
 from hf_reference import load_hf
 from safetensors.numpy import load_file, save_file
 
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
 
 WEIGHTS = "rank0.safetensors"
 Scales = dict[tuple[int, str], np.ndarray]  # (layer, "k" | "v") -> [kv_heads, head_dim] float32

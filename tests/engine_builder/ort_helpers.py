@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from engine_builder.network import graph_io as io
+from engine_builder.formats import graph_io as io
 
 LEVELS = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}
@@ -34,7 +34,7 @@ class OrtDecoder:
         self.num_layers = len(self.past_inputs) // 2
         meta = self.session.get_modelmeta().custom_metadata_map
         # longrope: growing past this length invalidates the cache (see decoder.py)
-        self.reprefill_after = int(meta["trtbuild.reprefill_after"]) if "trtbuild.reprefill_after" in meta else None
+        self.reprefill_after = io.reprefill_after(meta)
 
     def empty(self, batch: int) -> Sequences:
         cache = {i.name: np.zeros([batch, *i.shape[1:]], self.kv_dtype) for i in self.past_inputs}

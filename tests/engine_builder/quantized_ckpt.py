@@ -19,17 +19,16 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from converters.quantize.fp8 import E4M3_MAX, quantize_fp8
-from converters.quantize.options import linear_prefixes
 from converters.quantize.rtn import (
     dequantize_blocked,
     dequantize_int8,
-    pack_int4,
     quantize_int4_blocked,
     quantize_int8_blocked,
     quantize_int8_per_channel,
-    unpack_int4,
 )
-from engine_builder.config import CheckpointConfig, Quantization
+from engine_builder.formats.checkpoint import CheckpointConfig, linear_prefixes
+from engine_builder.formats.quant_packing import pack_int4, unpack_int4
+from engine_builder.formats.quantization import Quantization
 
 WEIGHTS = "rank0.safetensors"
 # static per-tensor activation scales: no calibration here, so a range that covers the tiny

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from cli_process import assert_user_error, trtbuild
 
-from engine_builder.build import build
-from engine_builder.build_config import BuildConfig, Limits
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
 
 SMALL = Limits(max_batch=2, max_input_len=16, max_seq_len=32)
 TWO_TARGETS = ("sm80", "sm86")
@@ -26,7 +26,8 @@ def test_fp16_engine_for_every_architecture(arch, checkpoint_dir, tmp_path):
     # fused layers, not their decomposition: TensorRT made native attention/rotary/cache-update layers
     assert layers["ROTARY_EMBEDDING"] == layers["KV_CACHE_UPDATE"] == 2 * layers_count
     assert "SCATTER" not in layers
-    if manifest["model"]["attn_logit_softcap"]:  # TensorRT's Attention has no softcap: stays decomposed
+    # TensorRT's Attention has no softcap: stays decomposed
+    if manifest["model"]["block"]["attention"]["logit_softcap"]:
         assert "ATTENTION_INPUT" not in layers and layers["SOFTMAX"] == layers_count
     else:
         assert layers["ATTENTION_INPUT"] == layers["ATTENTION_OUTPUT"] == layers_count
@@ -39,7 +40,7 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
     out = tmp_path / "engine"
     build(checkpoint_dir("qwen3"), out, BuildConfig(limits=SMALL, compute_capabilities=TWO_TARGETS))
     m = json.loads((out / "config.json").read_text())
-    assert m["schema"] == "trtbuild.engine" and m["schema_version"] == 1
+    assert m["schema"] == "trtbuild.engine" and m["schema_version"] == 2
     assert m["versions"]["trtbuild"] and m["versions"]["onnxruntime"]
     assert m["versions"]["tensorrt"]["flavour"] == "tensorrt_rtx" and m["versions"]["tensorrt"]["trt_version"]
     assert m["build"]["dtype"] == "float16" and m["build"]["limits"] == vars(SMALL)
@@ -134,9 +135,9 @@ def test_inspect_refuses_corrupt_or_foreign_dirs(checkpoint_dir, tmp_path):
 def test_ort_only_op_in_tensorrt_graph_names_node_and_pass(checkpoint_dir, tmp_path):
     import onnx_ir as ir
 
-    from engine_builder.errors import UnsupportedError
+    from engine_builder.build.target_check import check_target_ops
     from engine_builder.network import NetworkOptions, build_decoder
-    from engine_builder.target_check import check_target_ops
+    from engine_builder.util.errors import UnsupportedError
 
     model = build_decoder(checkpoint_dir("llama"), NetworkOptions(max_seq_len=32))
     node = next(n for n in model.graph if n.op_type == "Softmax")

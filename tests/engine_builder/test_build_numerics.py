@@ -12,9 +12,9 @@ import pytest
 from hf_reference import hf_greedy, prompt_of
 from ort_helpers import OrtDecoder
 
-from engine_builder.build import build
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.manifest import ORT_MODEL, TRT_MODEL
 
 TOL = 1e-4
 STEPS = 17  # the prefill's token + 16 decode steps

@@ -23,12 +23,12 @@ from test_quantized_numerics import STEPS, max_error
 from tiny_gguf import tiny_gguf
 
 from converters.convert import convert
-from engine_builder.build import build, trt_profiles
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.config import CheckpointConfig
-from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
+from engine_builder.build.pipeline import build, trt_profiles
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.manifest import ORT_MODEL, TRT_MODEL
 from engine_builder.network import NetworkOptions, write_onnx
-from engine_builder.trt_build import TrtBuildOptions, build_engine
+from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from ort_helpers import OrtDecoder
 from runner_engines import add_word_tokenizer
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build import build
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.config import CheckpointConfig
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.network import NetworkOptions, write_onnx
 
 TOL = 1e-4

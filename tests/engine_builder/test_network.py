@@ -23,8 +23,8 @@ from ort_helpers import OrtDecoder
 from safetensors.torch import load_file, save_file
 
 from converters.convert import convert
-from engine_builder.bundled import smollm2_gguf
 from engine_builder.network import NetworkOptions, write_onnx
+from engine_builder.util.bundled import smollm2_gguf
 
 TOL = 1e-4
 MAX_SEQ = 128

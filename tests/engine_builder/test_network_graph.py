@@ -15,9 +15,9 @@ import onnx_ir as ir
 import pytest
 from safetensors.numpy import load_file
 
-from engine_builder.errors import ConfigError, InputError, UnsupportedError
 from engine_builder.network import IR_VERSION, OPSET, NetworkOptions, build_decoder, write_onnx
 from engine_builder.network import weights as weights_module
+from engine_builder.util.errors import ConfigError, InputError, UnsupportedError
 
 # what a generic exporter emits; fused ops (RMSNormalization, RotaryEmbedding, Attention,
 # TensorScatter, com.microsoft.*) are for the rewrite passes to introduce
@@ -161,7 +161,8 @@ def test_errors_say_what_to_do(checkpoint_dir, tmp_path):
         build_decoder(ckpt, NetworkOptions(max_seq_len=0))
     with pytest.raises(ConfigError, match="trtbuild convert"):
         build_decoder(tmp_path, NetworkOptions())
-    missing = _edited_checkpoint(ckpt, tmp_path / "bias", lambda c: c["model"].update(o_bias=True))
+    missing = _edited_checkpoint(ckpt, tmp_path / "bias",
+                                 lambda c: c["model"]["block"]["attention"].update(o_bias=True))
     with pytest.raises(InputError, match="layers.0.attn.o.bias"):
         build_decoder(missing, NetworkOptions())
     quantized = _edited_checkpoint(ckpt, tmp_path / "q", lambda c: c.update(quantization={"scheme": "int4"}))
@@ -174,7 +175,7 @@ def test_errors_say_what_to_do(checkpoint_dir, tmp_path):
 def test_tensorrt_rtx_builds_the_unfused_graph(checkpoint_dir, tmp_path, name):
     """The portable form is already buildable (no GPU needed): fp16, hard-linked weights, two profiles."""
     pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
-    from engine_builder.trt_build import TrtBuildOptions, build_engine
+    from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
 
     path = write_onnx(checkpoint_dir(name, "float16"), tmp_path / "onnx", NetworkOptions(max_seq_len=64))
     model = onnx.load(path, load_external_data=False)

@@ -15,11 +15,11 @@ from ort_helpers import OrtDecoder
 from quantized_ckpt import quantize_checkpoint
 from test_build import SMALL
 
-from engine_builder.build import build, trt_profiles
-from engine_builder.build_config import BuildConfig
-from engine_builder.config import CheckpointConfig
-from engine_builder.engine_files import ORT_MODEL, TRT_MODEL
-from engine_builder.trt_build import TrtBuildOptions, build_engine
+from engine_builder.build.pipeline import build, trt_profiles
+from engine_builder.formats.build_config import BuildConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.manifest import ORT_MODEL, TRT_MODEL
+from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
 
 # scheme, group, compute capabilities: fp8 needs FP8 tensor cores (8.9+); TensorRT-RTX refuses it for sm86
 SCHEMES = [("int8_wo", None, ("sm86",)), ("int8_wo", 32, ("sm86",)), ("int4_wo", 32, ("sm86",)),

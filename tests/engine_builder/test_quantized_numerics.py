@@ -17,10 +17,10 @@ from hf_reference import prompt_of
 from ort_helpers import OrtDecoder
 from quantized_ckpt import dequantized_checkpoint, quantize_checkpoint
 
-from engine_builder.build import build
-from engine_builder.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
-from engine_builder.config import CheckpointConfig
-from engine_builder.engine_files import ORT_MODEL
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.manifest import ORT_MODEL
 from engine_builder.network import NetworkOptions, write_onnx
 
 STEPS = 17

@@ -14,7 +14,7 @@ from quantized_ckpt import quantize_checkpoint
 from runner_engines import build_engine
 from test_quantized_numerics import EXACT_ORT_PASSES
 
-from engine_builder.engine_files import ORT_MODEL
+from engine_builder.formats.manifest import ORT_MODEL
 
 STEPS = 48
 PROMPT = "The capital of France is Paris. The largest planet in the solar system is"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_builder.build_config import load_recipe
+from engine_builder.formats.build_config import load_recipe
 
 RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import transformers
 
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.third_party import build_third_party
+from engine_builder.build.third_party import build_third_party
+from engine_builder.formats.build_config import BuildConfig, Limits
 
 
 class LogitsOnly(torch.nn.Module):

@@ -11,9 +11,9 @@ pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
 
 from trt_graphs import LayerDims, decoder_layer_model, decoder_profiles, single_op_model  # noqa: E402
 
-from engine_builder import trt_compat, trt_inspect  # noqa: E402
-from engine_builder.errors import InputError, UnsupportedError  # noqa: E402
-from engine_builder.trt_build import (  # noqa: E402
+from engine_builder.trt import compat as trt_compat
+from engine_builder.trt import compatibility
+from engine_builder.trt.engine_build import (
     BuildCancelled,
     BuildProgress,
     EngineBuildError,
@@ -22,9 +22,10 @@ from engine_builder.trt_build import (  # noqa: E402
     TrtBuildReport,
     build_engine,
 )
+from engine_builder.util.errors import InputError, UnsupportedError
 
 TARGETS = ("sm80", "sm86")
-NO_GPU = not trt_inspect.gpu_compute_capabilities()
+NO_GPU = not compatibility.gpu_compute_capabilities()
 
 
 def options(**overrides: object) -> TrtBuildOptions:
@@ -49,8 +50,8 @@ def test_decoder_layer_engine_and_report(decoder_build):
     assert report.targets == TARGETS and report.num_profiles == 2
     assert 0 < report.build_seconds < 60 and report.peak_rss_bytes > 0
     assert not list(report.engine_path.parent.glob(".*tmp"))  # the temp file was renamed away
-    info = trt_inspect.EngineBuildInfo.from_mapping(json.loads(json.dumps(report.to_json())))
-    assert info == trt_inspect.EngineBuildInfo("tensorrt_rtx", report.trt_version, TARGETS)
+    info = compatibility.EngineBuildInfo.from_mapping(json.loads(json.dumps(report.to_json())))
+    assert info == compatibility.EngineBuildInfo("tensorrt_rtx", report.trt_version, TARGETS)
 
 
 def test_parser_maps_llm_ops_to_native_layers(decoder_build):
@@ -97,7 +98,7 @@ def test_progress_reports_tensorrt_phases(decoder_build):
 
 def test_engine_header_records_version_and_targets(decoder_build):
     report, _ = decoder_build
-    header = trt_inspect.read_rtx_header(report.engine_path)
+    header = compatibility.read_rtx_header(report.engine_path)
     assert header is not None
     assert header.version == ".".join(report.trt_version.split(".")[:3])
     assert header.targets == TARGETS

@@ -12,7 +12,7 @@ from runner_engines import add_word_tokenizer, build_engine
 from word_texts import VOCAB
 
 from converters.convert import convert
-from engine_builder.build_config import Limits
+from engine_builder.formats.build_config import Limits
 
 TINY_LIMITS = Limits(max_batch=4, max_input_len=8, max_seq_len=96)
 

@@ -11,8 +11,8 @@ import pytest
 from test_cli_eval import trtbuild
 from word_texts import word_ids, write_words
 
-from engine_builder.build_config import Fidelity, load_recipe
-from engine_builder.errors import ConfigError
+from engine_builder.formats.build_config import Fidelity, load_recipe
+from engine_builder.util.errors import ConfigError
 
 
 def write_recipe(path: Path, ckpt: Path, **fidelity) -> Path:

@@ -23,12 +23,12 @@ import pytest
 from runner_engines import build_engine
 
 from converters.convert import convert
-from converters.quantize.options import QuantOptions
+from converters.quantize.quant_options import QuantOptions
 from converters.quantize.quantized_checkpoint import quantize_checkpoint
 from engine_builder import LLM, SamplingParams
-from engine_builder.build import build
-from engine_builder.build_config import BuildConfig, Limits
+from engine_builder.build.pipeline import build
 from engine_builder.eval import evaluate
+from engine_builder.formats.build_config import BuildConfig, Limits
 
 EVAL_TOKENS = 512
 CONTEXT = 128  # 4 windows side by side in the 4 KV slots of the test engines

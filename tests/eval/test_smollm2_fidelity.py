@@ -18,9 +18,9 @@ import pytest
 import torch
 from runner_engines import build_engine
 
-from engine_builder.build_config import Limits
 from engine_builder.eval import evaluate
 from engine_builder.eval.text import load_text
+from engine_builder.formats.build_config import Limits
 
 TOKENS, CONTEXT = 512, 64
 

@@ -10,9 +10,9 @@ import torch
 import transformers
 from word_texts import word_ids, write_words
 
-from engine_builder.errors import InputError
 from engine_builder.eval.scores import ScoreSums
 from engine_builder.eval.text import load_text, special_prefix, token_windows
+from engine_builder.util.errors import InputError
 
 
 def test_shipped_text_is_julius_caesar():

@@ -135,7 +135,7 @@ def test_max_batch_is_respected(llm):
 
 
 def test_max_batch_above_the_engine_slots_is_refused(llm):
-    from engine_builder.errors import ConfigError
+    from engine_builder.util.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"max_batch 5 exceeds the engine's 4 KV cache slots"):
         Executor(llm, SchedulerConfig(max_batch=5))

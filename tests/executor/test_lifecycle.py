@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.errors import CapacityError, InputError
 from engine_builder.executor import Executor, RequestFailed, SchedulerConfig
+from engine_builder.util.errors import CapacityError, InputError
 
 LONG = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True)
 

@@ -14,7 +14,8 @@ from test_decoder_pipeline import FUSIONS  # the fusion pipeline every lowering 
 
 import passes  # noqa: F401
 from converters.convert import convert
-from engine_builder.config import CheckpointConfig, ModelConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.model_config import ModelConfig
 from engine_builder.network import NetworkOptions, write_onnx
 from passes.base import PassManager
 

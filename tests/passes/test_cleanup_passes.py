@@ -79,7 +79,7 @@ def test_pass_manager_reports_counts_and_why_not():
 def test_unknown_pass_lists_known_ones():
     import pytest
 
-    from engine_builder.errors import ConfigError
+    from engine_builder.util.errors import ConfigError
 
     with pytest.raises(ConfigError, match="known passes: .*fold_constants"):
         PassManager(["fuse_everything"])

@@ -14,7 +14,7 @@ from ort_check import decoder_feeds, session_for
 
 import passes  # noqa: F401
 from converters.convert import convert
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.network import NetworkOptions, write_onnx
 from passes.base import PassManager
 from passes.graph_stats import op_counts
@@ -40,12 +40,13 @@ def test_fusions_keep_numerics(decoder):
     after = op_counts(model)
 
     layers = cfg.num_layers
-    norms = 2 * layers + 1 + (2 * layers if cfg.qk_norm else 0) + \
-        layers * (int(cfg.post_attention_norm) + int(cfg.post_mlp_norm))
+    attn, residual = cfg.block.attention, cfg.block.residual
+    norms = 2 * layers + 1 + (2 * layers if attn.qk_norm else 0) + \
+        layers * (int(residual.post_attention_norm) + int(residual.post_mlp_norm))
     assert results["fuse_rms_norm"] == norms == after["RMSNormalization"]
     assert results["fuse_rotary"] == 2 * layers == after["RotaryEmbedding"]
     assert results["fuse_kv_cache_update"] == 2 * layers == after["TensorScatter"]
-    capped = layers if cfg.attn_logit_softcap else 0
+    capped = layers if attn.logit_softcap else 0
     assert results["fuse_attention"] == layers - capped and results["fuse_attention_softcap"] == capped
     assert after["Attention"] == layers
     assert after["Softmax"] == after["ScatterND"] == after["ReduceMean"] == after["Neg"] == 0

@@ -39,7 +39,8 @@ def test_lowers_every_layer_and_keeps_numerics(fused):
     assert top["Transpose"] == before["Transpose"] - 4 * layers
     windows = [n.attributes["local_window_size"].value for n in ir.traversal.RecursiveGraphIterator(model.graph)
                if n.op_type == "GroupQueryAttention" and "local_window_size" in n.attributes]
-    assert windows == [cfg.sliding_window] * cfg.layer_types.count("sliding_attention")
+    attn = cfg.block.attention
+    assert windows == [attn.sliding_window] * attn.layer_types.count("sliding_attention")
 
     lowered = save_beside(model, path, "lowered")
     for level in ("disable_all", "basic"):

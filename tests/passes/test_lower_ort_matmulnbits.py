@@ -17,7 +17,7 @@ from ort_check import decoder_feeds
 from ort_lowering_check import STEPS, assert_matches_unfused, session
 
 from converters.convert import convert
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.network import NetworkOptions, save_graph, write_onnx
 from passes.base import get_pass
 from passes.graph_stats import op_counts

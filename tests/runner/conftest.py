@@ -16,7 +16,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from converters.convert import convert
-from engine_builder.build_config import Limits
+from engine_builder.formats.build_config import Limits
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from engine_builder import LLM, SamplingParams
 
-RUN = ("import typer; from engine_builder.cli import user_errors; from engine_builder.cli_run import run; "
+RUN = ("import typer; from engine_builder.cli.console import user_errors; from engine_builder.cli.run_cmd import run; "
        "typer.run(user_errors(run))")
 
 

@@ -6,9 +6,12 @@ import json
 import shutil
 
 import pytest
+from cli_process import assert_user_error, trtbuild
 
-from engine_builder.errors import InputError
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats.manifest import ENGINE_SCHEMA_VERSION, EngineManifest
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.ort_backend import OrtBackend
+from engine_builder.util.errors import InputError
 
 
 def test_loads_limits_model_and_generation_config(tiny_engine):
@@ -49,3 +52,49 @@ def test_bad_dirs(tiny_engine, tmp_path):
     no_tok = variant("no-tokenizer", lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")])
     with pytest.raises(InputError, match="no tokenizer files"):
         EngineDir.load(no_tok).load_tokenizer()
+
+
+def test_the_typed_manifest_round_trips_and_checks_its_limits_once(tiny_engine, tmp_path):
+    good = tiny_engine("llama")[0]
+    manifest = EngineManifest.load(good)
+    assert manifest.model is not None and manifest.build.limits.max_seq_len == 96 and manifest.targets
+    copy = tmp_path / "copy"
+    shutil.copytree(good, copy)
+    manifest.save(copy)
+    assert EngineManifest.load(copy) == manifest
+    assert json.loads((copy / "config.json").read_text()) == json.loads((good / "config.json").read_text())
+
+    data = json.loads((good / "config.json").read_text())
+    data["build"]["limits"]["max_input_len"] = 4096  # above max_seq_len 96
+    (copy / "config.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="max_input_len 4096 exceeds max_seq_len 96.*--force"):
+        EngineDir.load(copy)
+    (copy / "config.json").write_text(json.dumps({**json.loads((good / "config.json").read_text()), "extra": 1}))
+    with pytest.raises(InputError, match="unknown key.*extra.*--force"):
+        EngineDir.load(copy)
+
+
+def test_an_engine_dir_of_the_previous_format_is_one_line_naming_it_and_the_rebuild(tiny_engine, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(tiny_engine("llama")[0], old)
+    data = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**data, "schema_version": ENGINE_SCHEMA_VERSION - 1}))
+    for command in (("run", old, "--prompt", "w3"), ("inspect", old), ("eval", old)):
+        assert_user_error(trtbuild(*command), f"engine schema {ENGINE_SCHEMA_VERSION - 1}",
+                          f"trtbuild build <ckpt-dir> {old} --force")
+
+
+def test_the_kv_cache_comes_from_the_manifest_and_must_match_the_graph(tiny_engine, tmp_path):
+    good = tiny_engine("llama")[0]
+    engine = EngineDir.load(good)
+    layout = engine.kv_layout  # [batch, kv_heads, max_seq, head_dim] per layer, as the emitter declared it
+    assert (layout.num_layers, layout.max_seq, layout.dtype) == (2, 96, "float32")
+    backend = OrtBackend(engine)
+    assert backend.kv.nbytes == engine.limits.max_batch * layout.max_seq * layout.bytes_per_token
+    mixed = tmp_path / "mixed"
+    shutil.copytree(good, mixed)
+    data = json.loads((good / "config.json").read_text())
+    data["build"]["limits"]["max_seq_len"] = 64  # a manifest that does not describe this model.onnx
+    (mixed / "config.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="KV cache of 2 layers of .*96.*manifest describes 2 layers of .*64.*--force"):
+        OrtBackend(EngineDir.load(mixed))

@@ -15,8 +15,8 @@ from runner_engines import GQA_PASSES
 from sample_texts import MULTILINGUAL
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build_config import Limits
-from engine_builder.errors import CapacityError, InputError
+from engine_builder.formats.build_config import Limits
+from engine_builder.util.errors import CapacityError, InputError
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are", "Water boils at"]

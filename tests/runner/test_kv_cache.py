@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_builder.errors import CapacityError, InputError, TrtbuildError
 from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.util.errors import CapacityError, InputError, TrtbuildError
 
 
 def _cache(slots: int = 2, max_seq: int = 128, dtype="float16") -> KVCacheManager:

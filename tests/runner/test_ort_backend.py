@@ -11,11 +11,11 @@ import pytest
 from onnx import TensorProto, helper
 from runner_engines import GQA_PASSES, build_engine
 
-from engine_builder.errors import UnsupportedError
-from engine_builder.network import graph_io as io
-from engine_builder.runner.backend import _cores_from_cpuinfo, physical_cores
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats import graph_io as io
+from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.ort_backend import OPTIMIZATION_LEVELS, OrtBackend, kv_update_mode
+from engine_builder.util.cpu_cores import _cores_from_cpuinfo, physical_cores
+from engine_builder.util.errors import UnsupportedError
 
 PROMPTS = [[1, 5, 9, 14, 200], [1, 7], [1, 30, 31, 32, 33, 34, 35, 36]]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import GenerationConfig
 
-from engine_builder.errors import InputError
 from engine_builder.runner.sampling_params import HF_DEFAULT_TOP_K, SamplingParams
+from engine_builder.util.errors import InputError
 
 BAD = [
     ("max_new_tokens", 0, ">= 1"),

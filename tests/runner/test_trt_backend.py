@@ -11,12 +11,11 @@ import sys
 
 import pytest
 
-from engine_builder.build_config import BuildConfig, Limits
-from engine_builder.errors import CapacityError, UnsupportedError
-from engine_builder.network import graph_io as io
-from engine_builder.runner import backend as backend_mod
-from engine_builder.runner.backend import choose_backend
-from engine_builder.runner.engine_dir import EngineDir
+from engine_builder.formats import graph_io as io
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.runner import backend_choice
+from engine_builder.runner.backend_choice import choose_backend
+from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.trt_backend import (
     Binding,
     TrtBackend,
@@ -26,6 +25,7 @@ from engine_builder.runner.trt_backend import (
     profiles_from_manifest,
     select_profile,
 )
+from engine_builder.util.errors import CapacityError, UnsupportedError
 
 pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
 
@@ -35,7 +35,7 @@ LIMITS = Limits(max_batch=4, max_input_len=32, max_seq_len=64)
 @pytest.fixture(scope="module")
 def trt_engine_dir(tiny_engine, tmp_path_factory):
     """A tiny llama engine dir with a real TensorRT-RTX engine (fp16, sm86) and its ONNX twin."""
-    from engine_builder.build import build
+    from engine_builder.build.pipeline import build
 
     _, hf = tiny_engine("llama")
     out = tmp_path_factory.mktemp("trt") / "engine"
@@ -65,7 +65,7 @@ def test_auto_picks_onnxruntime_here_and_says_why(trt_engine_dir, tiny_engine):
 
 
 def test_auto_picks_tensorrt_when_the_verdict_allows(trt_engine_dir, monkeypatch):
-    from engine_builder import trt_inspect
+    from engine_builder.trt import compatibility as trt_inspect
 
     engine = EngineDir.load(trt_engine_dir)
     real = trt_inspect.compatibility_verdict
@@ -143,4 +143,4 @@ def test_apply_plan_sets_shapes_for_inputs_and_addresses_for_all():
 
 
 def test_backend_module_imports_without_torch_cuda():
-    assert "tensorrt" in backend_mod.BACKENDS  # selection itself needs neither torch nor a GPU
+    assert backend_choice.BACKENDS == ("auto", "onnxruntime", "tensorrt")  # selection needs no torch, no GPU

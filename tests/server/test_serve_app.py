@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from engine_builder.executor import Executor
-from engine_builder.server.app import create_app
+from engine_builder.server.asgi_app import create_app
 from engine_builder.server.config import ServerConfig
 
 

@@ -15,9 +15,10 @@ import transformers
 from safetensors import safe_open
 
 import converters
-from converters.base import expected_shapes
 from converters.quantize import fp8, rtn
-from engine_builder.config import CheckpointConfig, ModelConfig
+from engine_builder.formats import quant_packing
+from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
+from engine_builder.formats.model_config import ModelConfig
 
 # canonical linear (without "layers.{i}.") -> the HF modules that read its input
 HF_INPUTS = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -46,10 +47,10 @@ def dequantized(ckpt: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         elif block.weight_bits == 8:
             w = rtn.dequantize_int8(q, scale)
         elif block.zero_point:  # ingested awq / gptq: uint4 codes and zeros
-            zero = rtn.unpack_int4(tensors.pop(f"{prefix}.weight_zero"), scale.shape[1], signed=False)
-            w = rtn.dequantize_blocked(rtn.unpack_int4(q, q.shape[1] * 2, signed=False), scale, zero)
+            zero = quant_packing.unpack_int4(tensors.pop(f"{prefix}.weight_zero"), scale.shape[1], signed=False)
+            w = rtn.dequantize_blocked(quant_packing.unpack_int4(q, q.shape[1] * 2, signed=False), scale, zero)
         else:
-            w = rtn.dequantize_blocked(rtn.unpack_int4(q, q.shape[1] * 2), scale)
+            w = rtn.dequantize_blocked(quant_packing.unpack_int4(q, q.shape[1] * 2), scale)
         tensors[f"{prefix}.weight"] = w
         if f"{prefix}.input_scale" in tensors:
             input_scales[prefix] = float(tensors.pop(f"{prefix}.input_scale"))

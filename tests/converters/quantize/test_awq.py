@@ -11,7 +11,7 @@ from converters.quantize import calibration_text
 from converters.quantize.awq import CLIP_GRID, CLIP_STEPS, clip, output_error, search_clip, search_scales
 from converters.quantize.calibrate import collect
 from converters.quantize.rtn import dequantize_blocked, quantize_int4_blocked
-from engine_builder.errors import InputError
+from engine_builder.util.errors import InputError
 
 GROUP = 64  # divides SmolLM2's 576 and 1536 input channels (128 does not divide 576)
 

@@ -21,7 +21,7 @@ from runner_engines import add_word_tokenizer
 from converters.convert import convert
 from converters.quantize import calibration_text
 from converters.quantize.calibrate import SAMPLE_TOKENS, CalibrationData, collect, sample_positions
-from engine_builder.errors import InputError
+from engine_builder.util.errors import InputError
 
 VOCAB = 320
 SAMPLES, SEQ_LEN = 3, 24

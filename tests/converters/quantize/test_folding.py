@@ -10,7 +10,7 @@ from checkpoint_to_hf import canonical_to_hf, hf_model, read_checkpoint
 
 from converters.convert import convert
 from converters.quantize.folding import Folding, foldable
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
 
 
 def logits(model, ids: torch.Tensor) -> np.ndarray:

@@ -18,9 +18,9 @@ from safetensors.numpy import load_file
 from tiny_gguf import random_q4_k, tiny_gguf
 
 from converters.convert import convert
-from converters.quantize.gguf_blocks import decode
-from converters.quantize.rtn import unpack_int4
-from engine_builder.config import CheckpointConfig
+from converters.sources.gguf_codes import decode
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.quant_packing import unpack_int4
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)

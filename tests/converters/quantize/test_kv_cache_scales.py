@@ -18,10 +18,10 @@ from test_quantize_errors import assert_refused, run_convert
 
 from converters.convert import convert
 from converters.quantize import calibration_text
-from converters.quantize.options import QuantOptions, linear_prefixes
-from converters.sources import safetensors_header
-from engine_builder.config import CheckpointConfig
-from engine_builder.errors import InputError
+from converters.quantize.quant_options import QuantOptions
+from converters.sources.source import safetensors_header
+from engine_builder.formats.checkpoint import CheckpointConfig, linear_prefixes
+from engine_builder.util.errors import InputError
 
 VOCAB, SAMPLES, SEQ_LEN = 320, 4, 32
 

@@ -16,7 +16,8 @@ from test_quantize_errors import assert_refused, run_convert
 
 from converters.convert import convert
 from converters.quantize import rtn
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats import quant_packing
+from engine_builder.formats.checkpoint import CheckpointConfig
 
 GROUP = 32
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ GEMM: nibble i of word c holds output column 8c + order[i]
@@ -115,11 +116,11 @@ def canonical_dequant(ckpt: Path, prefix: str, zero_point: bool) -> np.ndarray:
         inp = packed.shape[1] * 2
         if not zero_point:
             assert f"{prefix}.weight_zero" not in f.keys()
-            return rtn.dequantize_blocked(rtn.unpack_int4(packed, inp), scale)
+            return rtn.dequantize_blocked(quant_packing.unpack_int4(packed, inp), scale)
         zero = f.get_tensor(f"{prefix}.weight_zero")
         assert zero.dtype == np.uint8 and zero.shape == (packed.shape[0], (scale.shape[1] + 1) // 2)
-        return rtn.dequantize_blocked(rtn.unpack_int4(packed, inp, signed=False), scale,
-                                           rtn.unpack_int4(zero, scale.shape[1], signed=False))
+        return rtn.dequantize_blocked(quant_packing.unpack_int4(packed, inp, signed=False), scale,
+                                           quant_packing.unpack_int4(zero, scale.shape[1], signed=False))
 
 
 @pytest.mark.parametrize(("method", "quant_config", "symmetric", "zero_minus_one"), [

@@ -14,7 +14,7 @@ from runner_engines import add_word_tokenizer
 from converters.convert import convert
 from converters.quantize import calibration_text, smoothquant
 from converters.quantize.calibrate import collect
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig
 
 VOCAB, SAMPLES, SEQ_LEN, GROUP = 320, 4, 32, 32
 

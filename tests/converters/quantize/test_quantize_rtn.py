@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from converters.convert import convert
 from converters.quantize import rtn
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats import quant_packing
+from engine_builder.formats.checkpoint import CheckpointConfig
 
 LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
 GROUP = 32  # divides the tiny models' hidden (64), intermediate (96) and q (64 / 128) sizes
@@ -32,7 +33,7 @@ def dequantize(tensors: dict[str, np.ndarray], prefix: str, scheme: str,
     assert q.dtype == np.uint8
     inp = q.shape[1] * 2
     assert scale.shape == (q.shape[0], inp // GROUP)
-    codes = rtn.unpack_int4(q, inp)  # [out, in] -7..7
+    codes = quant_packing.unpack_int4(q, inp)  # [out, in] -7..7
     assert codes.min() >= -rtn.INT4_MAX and codes.max() <= rtn.INT4_MAX
     return rtn.dequantize_blocked(codes, scale), np.repeat(scale, GROUP, axis=1)
 
@@ -89,7 +90,7 @@ def test_checkpoint_dtype_applies_to_floats_and_scales(tiny_model_dir, tmp_path)
     fp, q = read_checkpoint(tmp_path / "fp"), read_checkpoint(tmp_path / "q")
     for prefix in ("layers.0.attn.qkv", "layers.1.mlp.down", "lm_head"):
         codes, scale = rtn.quantize_int4_blocked(fp[f"{prefix}.weight"], GROUP)
-        np.testing.assert_array_equal(q[f"{prefix}.weight"], rtn.pack_int4(codes))
+        np.testing.assert_array_equal(q[f"{prefix}.weight"], quant_packing.pack_int4(codes))
         np.testing.assert_array_equal(q[f"{prefix}.weight_scale"], torch.from_numpy(scale).bfloat16().float())
     np.testing.assert_array_equal(q["embed.weight"], fp["embed.weight"])
 

@@ -9,9 +9,10 @@ import pytest
 from checkpoint_to_hf import read_checkpoint
 
 from converters.quantize import rtn
-from converters.quantize.options import QuantOptions
+from converters.quantize.quant_options import QuantOptions
 from converters.quantize.quantized_checkpoint import FloatTensors, quantize_checkpoint
-from engine_builder.memory import PeakRss
+from engine_builder.formats import quant_packing
+from engine_builder.util.memory import PeakRss
 
 
 @pytest.mark.parametrize(("scheme", "group_size", "max_ratio"), [("int8_wo", None, 0.47), ("int8_wo", 32, 0.5),
@@ -35,6 +36,6 @@ def test_smollm2_quantizes_in_bounded_memory(smollm2_ckpt, tmp_path, scheme, gro
         step = scale[:, None] if group_size is None else np.repeat(scale, group_size, axis=1)
     else:
         scale = q["layers.29.mlp.down.weight_scale"]
-        deq = rtn.dequantize_blocked(rtn.unpack_int4(q["layers.29.mlp.down.weight"], w.shape[1]), scale)
+        deq = rtn.dequantize_blocked(quant_packing.unpack_int4(q["layers.29.mlp.down.weight"], w.shape[1]), scale)
         step = np.repeat(scale, group_size, axis=1)
     assert np.all(np.abs(deq - w) <= step * (0.5 + 1e-5))

@@ -15,9 +15,9 @@ from runner_engines import add_word_tokenizer
 from test_prequantized import AWQ_CONFIG, GPTQ_CONFIG, write_prequantized
 
 from converters.convert import convert
-from engine_builder.config import CheckpointConfig
+from engine_builder.formats import graph_io as io
+from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.network import NetworkOptions, write_onnx
-from engine_builder.network import graph_io as io
 
 SEQ = 24
 TOL = 1e-4  # float32 graph against float32 eager transformers, as tests/engine_builder/test_network.py

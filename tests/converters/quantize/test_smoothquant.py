@@ -11,7 +11,7 @@ from converters.quantize import calibration_text
 from converters.quantize.calibrate import collect
 from converters.quantize.rtn import INT8_MAX, dequantize_int8, quantize_int8_per_channel
 from converters.quantize.smoothquant import MIN_SCALE, activation_scale, smooth_scales
-from engine_builder.errors import InputError
+from engine_builder.util.errors import InputError
 
 
 def w8a8_error(x: np.ndarray, w: np.ndarray, x_absmax: np.ndarray, scales: np.ndarray) -> float:

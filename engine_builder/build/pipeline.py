@@ -1,0 +1,199 @@
+"""`trtbuild build`: checkpoint -> engine dir with the TensorRT engine and its ONNX twin.
+
+What the engine dir holds and its manifest: engine_builder/formats/manifest.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+import passes  # noqa: F401  (registers every pass)
+from engine_builder.util.version import __version__
+from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.formats.build_config import BuildConfig
+from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.manifest import (
+    ENGINE_FILE,
+    ORT_MODEL,
+    TRT_MODEL,
+    BuildCost,
+    CheckpointSummary,
+    EngineManifest,
+    OrtQuantization,
+    Versions,
+)
+from engine_builder.util.file_hash import sha256_file
+from engine_builder.util.memory import PeakRss
+from engine_builder.network import NetworkOptions, build_decoder, save_graph
+from engine_builder.formats import graph_io as io
+from engine_builder.network.weights import link_weights
+from engine_builder.build.target_check import check_quantized_build, check_target_ops
+from passes.base import PassManager
+
+_NOT_TOKENIZER = {CONFIG_FILE, WEIGHTS_FILE}
+
+Stage = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out: str
+    targets: tuple[str, ...]
+    dtype: str
+    passes: dict[str, list[dict[str, Any]]]
+    graph_hashes: dict[str, str]
+    engine_bytes: int
+    seconds: float
+    peak_rss_bytes: int
+    tensorrt: dict[str, Any] | None
+    fidelity: dict[str, Any] | None = None  # figures of the recipe's fidelity gate (engine_builder/eval/gate.py)
+
+
+def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, dict]:
+    """Two optimization profiles: decode (seq 1, gemv attention) and prefill (seq 2..max_input_len)."""
+    lim = config.limits
+    decode: dict[str, tuple] = {}
+    prefill: dict[str, tuple] = {}
+    for value in model_inputs:
+        rest = tuple(int(d) for d in value.shape[1:]) if value.name.startswith(("past_key.", "past_value.")) else None
+        if rest is not None:  # [batch, kv_heads, max_seq, head_dim]
+            shapes = ((1, *rest), (1, *rest), (lim.max_batch, *rest))
+            decode[value.name] = prefill[value.name] = shapes
+        elif value.name == io.PAST_LENGTHS:
+            decode[value.name] = prefill[value.name] = ((1,), (1,), (lim.max_batch,))
+        else:  # input_ids, position_ids: [batch, seq]
+            decode[value.name] = ((1, 1), (1, 1), (lim.max_batch, 1))
+            longest = max(2, lim.max_input_len)
+            prefill[value.name] = ((1, 2), (1, min(longest, 128)), (lim.max_batch, longest))
+    return decode, prefill
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What each target's passes made: the written graphs and, for tensorrt, the engine."""
+
+    targets: tuple[str, ...]
+    passes: dict[str, list[dict[str, Any]]]
+    graph_hashes: dict[str, str]
+    tensorrt: dict[str, Any] | None
+
+
+def check_pass_lists(config: BuildConfig) -> None:
+    """Unknown pass names fail before any work."""
+    for target in config.targets:
+        PassManager(getattr(config.passes, target))
+
+
+def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[], ir.Model],
+                      save: Callable[[ir.Model, Path], None], trt_options: Callable[[ir.Model], Any],
+                      explain: bool = False, say: Stage = lambda _: None,
+                      trt_progress: Callable | None = None) -> Lowered:
+    """For each target (the onnxruntime twin always, first): a fresh graph, its passes, the op check,
+    the graph written into OUT_DIR, and for tensorrt the engine built from that file."""
+    targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))
+    reports: dict[str, list[dict[str, Any]]] = {}
+    hashes: dict[str, str] = {}
+    trt_report = None
+    for target in targets:
+        say(f"graph and passes for {target}")
+        model = make_model()
+        results = PassManager(getattr(config.passes, target)).run(model, explain=explain)
+        reports[target] = [dataclasses.asdict(r) for r in results]
+        check_target_ops(model, target)
+        path = out_dir / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
+        save(model, path)
+        hashes[target] = sha256_file(path)
+        if target == "tensorrt":
+            from engine_builder.trt.engine_build import build_engine
+
+            say("TensorRT engine")
+            options = trt_options(model)
+            report = build_engine(path, out_dir / ENGINE_FILE, options, trt_progress)
+            trt_report = {**report.to_json(), "profiles": [{k: [list(s) for s in v] for k, v in p.items()}
+                                                           for p in options.profiles]}
+    return Lowered(targets, reports, hashes, trt_report)
+
+
+def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: bool = False,
+          explain: bool = False, stage: Stage | None = None, trt_progress: Callable | None = None,
+          gate: Callable[[Path, Stage], dict[str, Any]] | None = None) -> BuildResult:
+    """Build engine dir OUT from checkpoint dir CKPT. `stage(text)` hears of each step. `gate(dir, stage)`
+    checks the finished dir before it is renamed to OUT: it raises to discard it, or returns figures
+    recorded in the manifest."""
+    config.validate()
+    ckpt, out = Path(ckpt), Path(out)
+    checkpoint = CheckpointConfig.load(ckpt)
+    check_pass_lists(config)
+    check_quantized_build(checkpoint.quantization, config.targets, config.dtype, config.compute_capabilities)
+    check_output_dir(out, force)
+    started, peak = time.perf_counter(), PeakRss()
+    network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
+    with atomic_output_dir(out, force) as tmp:
+        link_weights(ckpt, tmp)
+        lowered = lower_for_targets(
+            tmp, config, make_model=lambda: build_decoder(ckpt, network),
+            # weights stay external (rank0.safetensors at their offsets); pass-made ones go to <model>.data
+            save=save_graph,
+            trt_options=lambda model: _trt_options(config, list(model.graph.inputs)),
+            explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
+        for f in ckpt.iterdir():
+            if f.is_file() and f.name not in _NOT_TOKENIZER:
+                shutil.copyfile(f, tmp / f.name)
+        result = build_result(out, config, lowered, started, peak)
+        manifest = manifest_of(config, result, model=checkpoint.model, quantization=_quantization(checkpoint, tmp / ORT_MODEL),
+                               checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization, checkpoint.source))
+        manifest.save(tmp)
+        if gate is not None:  # runs on the complete engine dir (manifest included), before OUT exists
+            result = dataclasses.replace(result, fidelity=gate(tmp, stage or (lambda _: None)))
+            dataclasses.replace(manifest, fidelity=result.fidelity).save(tmp)
+    return result
+
+
+def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: float, peak: PeakRss) -> BuildResult:
+    trt = lowered.tensorrt
+    return BuildResult(
+        out=str(out), targets=lowered.targets, dtype=config.dtype, passes=lowered.passes,
+        graph_hashes=lowered.graph_hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
+        seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
+
+
+def _trt_options(config: BuildConfig, inputs: list[ir.Value]) -> Any:
+    from engine_builder.trt.engine_build import TrtBuildOptions
+
+    return TrtBuildOptions(
+        compute_capabilities=config.compute_capabilities, opt_level=config.opt_level,
+        profiles=trt_profiles(config, inputs), flavour=config.trt_flavour,  # type: ignore[arg-type]
+        refittable=config.weights == "refittable", strip_weights=config.weights == "stripped",
+        # TensorRT-RTX has no fp32 attention kernel: let it build fp32 attention from plain ops
+        decomposable_attention=config.dtype == "float32")
+
+
+def _quantization(checkpoint: CheckpointConfig, ort_model: Path) -> OrtQuantization:
+    """The scheme, and how the onnxruntime twin computes its quantized linears (None when not lowered)."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(ort_model), load_external_data=False).metadata_props}
+    level = meta.get(io.META_ORT_ACCURACY_LEVEL)  # one level per graph: it follows the activation dtype
+    return OrtQuantization(checkpoint.quantization.scheme, checkpoint.quantization.kv_cache,
+                           int(level) if level else None)
+
+
+def manifest_of(config: BuildConfig, result: BuildResult, **blocks: Any) -> EngineManifest:
+    """The manifest every build writes; BLOCKS adds what only some have (model, checkpoint, source_onnx...)."""
+    import onnxruntime
+
+    trt = result.tensorrt
+    versions = Versions(trtbuild=__version__, onnxruntime=onnxruntime.__version__,
+                        tensorrt={k: trt[k] for k in ("flavour", "trt_version")} if trt else None)
+    return EngineManifest(versions=versions, build=config, targets=result.targets, passes=result.passes,
+                          graph_hashes=result.graph_hashes, tensorrt=trt,
+                          cost=BuildCost(result.seconds, result.peak_rss_bytes), **blocks)

@@ -1,0 +1,135 @@
+"""`trtbuild build`: checkpoint dir (or exported ONNX) -> engine dir with the TensorRT engine and its twin."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine_builder.cli.console import print_json, stderr, stdout
+from engine_builder.util.errors import InputError
+
+
+def build(
+    ckpt: Annotated[Path | None, typer.Argument(help="Checkpoint dir from `trtbuild convert`.")] = None,
+    out: Annotated[Path | None, typer.Argument(help="Engine dir to create.")] = None,
+    target: Annotated[str, typer.Option(help="tensorrt, onnxruntime or all. The onnxruntime twin "
+                                             "(model.onnx) is always written.")] = "all",
+    dtype: Annotated[str | None, typer.Option(help="Compute dtype: float16 (default), bfloat16, float32.")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="Largest batch the engine serves (default 8).")] = None,
+    max_input_len: Annotated[int | None, typer.Option(help="Longest prompt (default 1024).")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(help="KV slots per sequence: prompt + output "
+                                                         "(default 2048).")] = None,
+    cc: Annotated[str | None, typer.Option(help="TensorRT compute capability targets, e.g. sm80,sm86,sm89,sm120 "
+                                                "(the default). TensorRT-RTX cannot target sm90.")] = None,
+    opt_level: Annotated[int | None, typer.Option(help="TensorRT builder optimization level 0-5 (default 3).")] = None,
+    weights: Annotated[str | None, typer.Option(help="embedded (default), refittable, or stripped: the engine "
+                                                     "omits the checkpoint's weights and is refitted at load "
+                                                     "(needs a GPU at build time with TensorRT-RTX 1.7).")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="YAML recipe with build settings (see recipes/). Its "
+                                                     "optional fidelity: block gates the build on `trtbuild eval` "
+                                                     "figures of the onnxruntime twin.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key=value, e.g. "
+                                                   "limits.max_seq_len=4096 or passes.tensorrt=[...].")] = None,
+    trt_flavour: Annotated[str | None, typer.Option(help="auto (tensorrt if installed, else tensorrt_rtx), "
+                                                         "tensorrt or tensorrt_rtx.")] = None,
+    onnx: Annotated[Path | None, typer.Option(help="Run the passes on a third-party decoder ONNX (e.g. from "
+                                                   "torch.onnx.export) instead of a checkpoint: "
+                                                   "trtbuild build --onnx model.onnx OUT.")] = None,
+    explain_passes: Annotated[bool, typer.Option("--explain-passes", help="Print per-pass match counts and, "
+                                                 "for passes that matched nothing, the closest failure.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Build an engine dir from a checkpoint: decoder graph, rewrite passes, TensorRT engine, ONNX twin.
+
+    TensorRT-RTX builds engines on machines without a GPU; numerics are checked on the ONNX twin,
+    which `trtbuild run` executes where no supported GPU is present.
+
+    Example: trtbuild build ckpt engine --dtype float16 --cc sm86,sm89 --max-seq-len 4096
+    """
+    from engine_builder.formats.build_config import BuildConfig, apply_overrides, load_recipe, parse_set
+
+    loaded = load_recipe(recipe) if recipe else None
+    config = loaded.build if loaded else BuildConfig()
+    flags: dict[str, Any] = {"dtype": dtype, "limits.max_batch": max_batch, "limits.max_input_len": max_input_len,
+                             "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
+                             "weights": weights,
+                             "compute_capabilities": cc.split(",") if cc else None}
+    if target != "all" or not recipe:
+        flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    config = apply_overrides(config, {**overrides, **parse_set(set_ or [])})
+    gate = None
+    if loaded is not None and loaded.fidelity is not None:  # checks the gate's paths before the build starts
+        from engine_builder.eval.gate import fidelity_gate
+
+        gate = fidelity_gate(loaded.fidelity, recipe)
+    if onnx is not None:
+        if gate is not None:
+            raise InputError(f"recipe {recipe} has a fidelity gate, which needs a checkpoint (its tokenizer); "
+                             "build from the checkpoint, or use a recipe without a fidelity block")
+        from engine_builder.build.third_party import build_third_party
+
+        out = out or ckpt  # `build --onnx model.onnx OUT`: OUT is the only positional
+        if out is None:
+            raise InputError("missing OUT: trtbuild build --onnx model.onnx OUT")
+        result = build_third_party(onnx, out, config, force=force, explain=explain_passes)
+    else:
+        if ckpt is None or out is None:
+            raise InputError("missing arguments: trtbuild build CKPT OUT (see --help)")
+        from engine_builder.build.pipeline import build as build_engine_dir
+
+        with build_progress(enabled=not as_json) as (stage, trt_progress):
+            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
+                                      trt_progress=trt_progress, gate=gate)
+    if as_json:
+        print_json(result)
+        return
+    if explain_passes:
+        for target_name, results in result.passes.items():
+            table = Table("pass", "matches", "why not", title=f"passes for {target_name}")
+            for r in results:
+                table.add_row(r["name"], str(r["matches"]), r["why_not"] or "")
+            stdout.print(table)
+    engine = f", engine {result.engine_bytes / 1e6:.1f} MB" if result.engine_bytes else ""
+    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{engine}, "
+                 f"{result.seconds:.1f}s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB")
+    if result.fidelity:
+        shown = {k: result.fidelity.get(k) for k in ("ppl", "ppl_ratio", "kl", "top1_agreement")}
+        stdout.print("fidelity gate passed: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None))
+
+
+@contextlib.contextmanager
+def build_progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Callable[[Any], None]]]:
+    """A line per build stage, and bars for TensorRT's own phases (from its progress monitor)."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                        TimeElapsedColumn(), console=stderr, disable=not enabled, transient=True)
+    stage_task = progress.add_task("building", total=None)
+    phases: dict[str, Any] = {}
+
+    def on_stage(text: str) -> None:
+        progress.update(stage_task, description=text)
+
+    nested: set[str] = set()
+
+    def on_trt(event: Any) -> None:
+        if event.kind == "start":
+            if event.parent:
+                nested.add(event.phase)
+            phases[event.phase] = progress.add_task(f"{'    ' if event.parent else '  '}TensorRT: {event.phase}",
+                                                    total=event.total if event.total > 0 else None)
+        elif event.phase in phases:
+            progress.update(phases[event.phase], completed=event.step)
+            if event.kind == "finish" and event.phase in nested:  # nested phases come and go
+                progress.remove_task(phases.pop(event.phase))
+        # TensorRT builds without releasing the GIL, so rich's refresh thread cannot draw: draw here
+        progress.refresh()
+
+    with progress:
+        yield on_stage, on_trt

@@ -1,0 +1,38 @@
+"""The `trtbuild` command line: one module per command, each a thin layer over the library function
+of the same keywords; this module only assembles them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from engine_builder.cli.build_cmd import build
+from engine_builder.cli.console import state, user_errors
+from engine_builder.cli.convert_cmd import convert
+from engine_builder.cli.eval_cmd import eval_command
+from engine_builder.cli.inspect_cmd import inspect
+from engine_builder.cli.run_cmd import run
+from engine_builder.cli.serve_cmd import serve
+
+app = typer.Typer(
+    help="Turn Hugging Face LLM checkpoints into TensorRT engines ahead of time, and run them.\n\n"
+         "\b\n  trtbuild convert  <hf-dir-or-gguf> <ckpt-dir>\n"
+         "  trtbuild build    <ckpt-dir> <engine-dir>\n"
+         "  trtbuild run      <engine-dir> --prompt '...'\n"
+         "  trtbuild serve    <engine-dir> --port 8000\n"
+         "  trtbuild eval     <engine-dir> [--reference <ckpt-dir>]",
+    no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False) -> None:
+    state["debug"] = debug
+
+
+for name, command in (("convert", convert), ("build", build), ("inspect", inspect), ("run", run), ("serve", serve),
+                      ("eval", eval_command)):
+    app.command(name)(user_errors(command))
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,98 @@
+"""`trtbuild run`: generate from an engine dir, streaming text to stdout.
+
+Registered by cli/commands.py as `app.command("run")(user_errors(run))`; every user mistake here is a
+TrtbuildError (InputError / CapacityError / UnsupportedError) with a one-line message, which
+that wrapper prints before exiting 2. Sampling values are checked before the engine is loaded,
+so a typo fails in milliseconds rather than after seconds of session creation.
+
+stdout carries only the generated text (or, with --json, one JSON object), so the output can be
+piped; the backend and timings go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from engine_builder.util.errors import InputError
+
+
+def run(
+    engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="Prompt text; read from stdin when "
+                                                                       "absent.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Treat the prompt as a user message and apply the "
+                                                      "model's chat template.")] = False,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate at most (default: "
+                                                            "generation_config.json, else 16).")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy. Default: the model's "
+                                                           "generation_config.json (greedy unless do_sample).")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Keep the k most likely tokens (0 = off).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass in (0, 1] (1 = off).")] = None,
+    min_p: Annotated[float | None, typer.Option(help="Drop tokens below min_p x the top probability "
+                                                     "(0 = off).")] = None,
+    repetition_penalty: Annotated[float | None, typer.Option(help="HF repetition penalty (1 = off).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for reproducible sampling.")] = None,
+    num_beams: Annotated[int | None, typer.Option(help="Beam search with this many beams (1 = off; "
+                                                       "not streamed).")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string; repeat for several.")] = None,
+    backend: Annotated[str, typer.Option(help="auto (TensorRT when the engine can run here, else "
+                                              "onnxruntime), tensorrt or onnxruntime.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, token_ids, finish_reason, "
+                                                         "backend, timings) instead of streaming.")] = False,
+) -> None:
+    """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
+
+    Example: trtbuild run engine --chat --prompt "What is the capital of France?" --max-new-tokens 64
+    """
+    from engine_builder.runner.backend_choice import BACKENDS
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    user = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed, "num_beams": num_beams,
+            "stop": tuple(stop) if stop else None}
+    user = {k: v for k, v in user.items() if v is not None}
+    SamplingParams(**user)  # invalid values fail here, before the engine is loaded
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    text = _read_prompt(prompt)
+
+    from engine_builder.runner.llm import LLM
+
+    llm = LLM(engine_dir, backend=backend)
+    params = llm.default_params(**user)
+    if chat:
+        stream = llm.stream_chat([{"role": "user", "content": text}], params)
+    else:
+        stream = llm.stream(text, params)
+    with stream:
+        for delta in stream:
+            if not as_json:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    out, timings = stream.output, stream.timings
+    if as_json:
+        result: dict[str, Any] = {**out.to_json(), "backend": llm.backend_name, "backend_reason": llm.backend_reason,
+                                  "timings": timings.to_json()}
+        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()  # the answer's last line before the stderr summary, in a terminal too
+    sys.stderr.write(f"[{llm.backend_name}] {len(out.token_ids)} tokens, finish {out.finish_reason}, "
+                     f"prefill {timings.prefill_ms:.0f} ms, decode {timings.decode_tok_s:.1f} tok/s\n")
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
+        prompt = sys.stdin.read()
+        if prompt.endswith("\n"):  # `echo text | trtbuild run`: the shell's newline is not part of it
+            prompt = prompt[:-1]
+    if not prompt.strip():
+        raise InputError("the prompt is empty; pass --prompt TEXT (or non-empty stdin)")
+    return prompt

@@ -1,0 +1,73 @@
+"""`trtbuild serve`: the HTTP server, a thin layer over engine_builder.server.serve (same keywords).
+
+Registered by cli/commands.py as `app.command("serve")(user_errors(serve))`: a user mistake (port taken,
+a limit above the engine's, a bad engine dir) is one line on stderr and exit 2. stdout gets one
+line, the URL, once the server accepts connections (scripts wait for it); the start-up summary
+goes to stderr. SIGINT/SIGTERM stop it gracefully and it exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine_builder.server.config import DEFAULT_MAX_CONCURRENT_REQUESTS
+from engine_builder.server.http_server import DEFAULT_SHUTDOWN_TIMEOUT_S
+
+
+def serve(
+    engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
+    host: Annotated[str, typer.Option(help="Interface to listen on; 0.0.0.0 exposes the server to the "
+                                           "network (set --api-key then).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one (printed).")] = 8000,
+    max_batch: Annotated[int | None, typer.Option(help="Sequences decoded together (in-flight batching); "
+                                                       "default and maximum: the engine's max_batch.")] = None,
+    max_concurrent_requests: Annotated[int, typer.Option(help="Active requests (running + queued) beyond which "
+                                                              "new ones get 429 at once.")]
+    = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer gets 422. "
+                                                              "Default: the engine's max_input_len.")] = None,
+    max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more gets 422. "
+                                                              "Default: the engine's max_seq_len.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="TRTBUILD_API_KEY", show_envvar=True,
+                                                help="Require `Authorization: Bearer KEY` (401 otherwise); "
+                                                     "/health and /metrics stay open.")] = None,
+    model_name: Annotated[str | None, typer.Option(help="The model's name in the OpenAI API (`model`, "
+                                                        "/v1/models). Default: the engine dir's name.")] = None,
+    backend: Annotated[str, typer.Option(help="auto (TensorRT when the engine can run here, else "
+                                              "onnxruntime), tensorrt or onnxruntime.")] = "auto",
+    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads (default: the physical "
+                                                     "cores).")] = None,
+    shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
+                                                         "finish before they are cancelled.")]
+    = DEFAULT_SHUTDOWN_TIMEOUT_S,
+) -> None:
+    """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
+    /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
+
+    Requests are batched in flight: each joins the running batch at the next step and leaves when
+    it ends. Requests that leave out temperature follow the model's generation_config.json
+    (greedy for most instruct checkpoints); TGI requests follow TGI (greedy unless do_sample).
+
+    \b
+    Example:
+      trtbuild serve engine --port 8000
+      curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+    """
+    from engine_builder.server.http_server import serve as serve_engine
+
+    serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
+                 max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
+                 max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
+                 threads=threads, shutdown_timeout=shutdown_timeout,
+                 on_ready=lambda url: print(f"serving at {url}", flush=True),
+                 log=lambda line: print(line, file=sys.stderr, flush=True))
+    # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
+    # threads take a moment) must not turn exit 0 into death by signal
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)

@@ -1,0 +1,106 @@
+"""Names and layouts of the decoder graph's inputs and outputs: the contract with the runner.
+
+    input_ids        int64  [batch, seq]
+    position_ids     int64  [batch, seq]          rotary positions (normally past_lengths[b] + t)
+    past_lengths     int64  [batch]               valid cached tokens per sequence = KV write offset
+    past_key.{i}     dtype  [batch, kv_heads, max_seq, head_dim]   static cache buffer, layer i
+                                                                   (int8 with `convert --kv-cache int8`)
+    past_value.{i}   dtype  [batch, kv_heads, max_seq, head_dim]
+    ->
+    logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits)
+    present_key.{i}  dtype  [batch, kv_heads, max_seq, head_dim]   the whole updated buffer
+    present_value.{i}
+
+Token t of sequence b is written to cache slot past_lengths[b] + t and attends to slots
+0..past_lengths[b] + t (minus those outside a sliding window). past_lengths[b] + seq must not
+exceed max_seq. Slots beyond a sequence's length are masked but still multiplied by a zero
+probability, so the runner must allocate the buffers zero-filled (NaN * 0 is NaN).
+The semantics match TensorScatter-24 (write_indices = past_lengths, axis -2) and
+Attention-24 (nonpad_kv_seqlen = past_lengths + seq), which later passes lower to.
+
+Ragged batches: right-pad the shorter rows and advance each row's past_lengths by its real
+token count only; the padding's cache slots stay masked until real tokens overwrite them.
+Rope scaling that depends on the sequence length (longrope, dynamic NTK) takes it per row
+as max(position_ids[b]) + 1, so give padding a position no larger than the row's last real
+one (0 will do). With longrope, model.onnx metadata `trtbuild.reprefill_after` = N: when a
+sequence grows past N tokens, its cached keys (rotated with the short table) are stale and
+the whole sequence must be prefilled again, as transformers' phi3 generate does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_builder.formats.model_config import ModelConfig
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+PAST_LENGTHS = "past_lengths"
+LOGITS = "logits"
+
+# symbolic dims
+BATCH = "batch"
+SEQ = "seq"
+
+# model.onnx metadata_props keys: what the emitter and the passes record, what the backends read
+META_ARCHITECTURE = "trtbuild.architecture"
+META_MAX_SEQ_LEN = "trtbuild.max_seq_len"
+META_ALL_LOGITS = "trtbuild.all_logits"  # "true": logits for every position, [batch, seq, vocab]
+META_DTYPE = "trtbuild.dtype"
+META_REPREFILL_AFTER = "trtbuild.reprefill_after"  # longrope: re-prefill a sequence past this many tokens
+META_KV_UPDATE = "trtbuild.kv_update"  # in_place | copy: may present_* share past_*'s buffer
+META_ORT_ACCURACY_LEVEL = "trtbuild.ort_accuracy_level"  # MatMulNBits accuracy_level the lowering chose
+
+
+def reprefill_after(metadata: dict[str, str]) -> int | None:
+    """The longrope switch-over length recorded in a graph's metadata, None when it has none."""
+    value = metadata.get(META_REPREFILL_AFTER)
+    return int(value) if value is not None else None
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
+KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """The static cache every layer's past_key/past_value (and present_*) tensor holds, per sequence slot:
+    [batch, kv_heads, max_seq, head_dim], in the graph's activation dtype or int8 (`convert --kv-cache int8`).
+
+    The emitter declares the graph's cache inputs from it and the runtime allocates its buffers from it,
+    both from the same manifest fields, so neither reads the other's shapes."""
+
+    num_layers: int
+    kv_heads: int
+    max_seq: int
+    head_dim: int
+    dtype: str  # float32 | float16 | bfloat16 | int8
+
+    @classmethod
+    def of(cls, model: ModelConfig, max_seq_len: int, dtype: str, kv_cache: str = "none") -> KVCacheLayout:
+        """The layout of MODEL built for MAX_SEQ_LEN positions with activation DTYPE and KV_CACHE quantization."""
+        return cls(model.num_layers, model.num_kv_heads, max_seq_len, model.head_dim,
+                   "int8" if kv_cache == "int8" else dtype)
+
+    def shape(self, batch: int | str) -> tuple[int | str, int, int, int]:
+        return (batch, self.kv_heads, self.max_seq, self.head_dim)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one position in every layer."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * KV_ITEM_BYTES[self.dtype]

@@ -1,0 +1,138 @@
+"""The engine dir and its manifest (config.json): what `trtbuild build` writes and every reader loads.
+
+    engine-dir/
+      config.json        EngineManifest: versions, model, build config, pass report, hashes, cost
+      model.onnx         the onnxruntime twin (always written): numerics and CPU runs
+      model.trt.onnx     the graph TensorRT parsed (kept to rebuild or refit without re-running passes)
+      rank0.engine       serialized TensorRT(-RTX) engine (target tensorrt)
+      rank0.safetensors  hard link of the checkpoint's weights, which both graphs reference
+      tokenizer files, generation_config.json
+
+Kept import-light (no onnx, no numpy): `trtbuild run` and `inspect` read it before anything heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine_builder.formats.build_config import BuildConfig
+from engine_builder.formats.checkpoint import CONFIG_FILE, SourceFingerprint
+from engine_builder.formats.dataclass_io import from_dict
+from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.quantization import Quantization
+from engine_builder.util.errors import ConfigError, InputError
+
+ENGINE_SCHEMA = "trtbuild.engine"
+ENGINE_SCHEMA_VERSION = 2  # 2: the model block nests the BlockSpec (model_config.py)
+ORT_MODEL = "model.onnx"  # the onnxruntime twin
+TRT_MODEL = "model.trt.onnx"  # the graph TensorRT parsed
+GENERATION_CONFIG = "generation_config.json"
+
+
+def engine_file(rank: int = 0) -> str:
+    """The serialized TensorRT engine of RANK."""
+    return f"rank{rank}.engine"
+
+
+ENGINE_FILE = engine_file(0)
+
+
+@dataclass(frozen=True)
+class Versions:
+    trtbuild: str
+    onnxruntime: str | None = None
+    tensorrt: dict[str, str] | None = None  # {"flavour", "trt_version"} when an engine was built
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """The checkpoint an engine was built from (None for `build --onnx`)."""
+
+    dtype: str
+    quantization: Quantization
+    source: SourceFingerprint
+
+
+@dataclass(frozen=True)
+class OrtQuantization:
+    """How the onnxruntime twin computes quantized linears: MatMulNBits' accuracy_level (0 float
+    activations, exact; 4 int8 activations, faster), None when nothing was lowered."""
+
+    scheme: str = "none"
+    kv_cache: str = "none"
+    onnxruntime_accuracy_level: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceOnnx:
+    """The exported graph of `trtbuild build --onnx`."""
+
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BuildCost:
+    build_seconds: float
+    peak_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class EngineManifest:
+    versions: Versions
+    build: BuildConfig
+    targets: tuple[str, ...]
+    passes: dict[str, list[dict[str, Any]]]  # target -> per-pass {name, matches, ...} in run order
+    graph_hashes: dict[str, str]  # target -> sha256 of the graph file
+    cost: BuildCost
+    model: ModelConfig | None = None  # None for `build --onnx`: the exporter's graph carries no config
+    checkpoint: CheckpointSummary | None = None
+    source_onnx: SourceOnnx | None = None
+    tensorrt: dict[str, Any] | None = None  # the TensorRT build report: flavour, version, targets, profiles...
+    quantization: OrtQuantization | None = None
+    fidelity: dict[str, Any] | None = None  # figures of a recipe's fidelity gate
+    schema: str = ENGINE_SCHEMA
+    schema_version: int = ENGINE_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, engine_dir: Path) -> None:
+        (Path(engine_dir) / CONFIG_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, engine_dir: Path) -> EngineManifest:
+        """The manifest of ENGINE_DIR, or an InputError naming the fix; nothing else is read."""
+        path = Path(engine_dir)
+        rebuild = f"build one with `trtbuild build <ckpt-dir> {path}`"
+        if not path.exists():
+            raise InputError(f"engine dir {path} does not exist; {rebuild}")
+        manifest_path = path / CONFIG_FILE
+        if not path.is_dir() or not manifest_path.is_file():
+            raise InputError(f"{path} is not an engine dir (no config.json); {rebuild}")
+        try:
+            data = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{manifest_path} is not valid JSON ({exc}); rebuild the engine dir") from None
+        if not isinstance(data, dict) or data.get("schema") != ENGINE_SCHEMA:
+            raise InputError(f"{path} is not a trtbuild engine dir (config.json schema is not {ENGINE_SCHEMA!r}; "
+                             f"a checkpoint dir?); {rebuild}")
+        rebuild = f"rebuild it with this version of trtbuild: `trtbuild build <ckpt-dir> {path} --force`"
+        if data.get("schema_version") != ENGINE_SCHEMA_VERSION:
+            raise InputError(f"{path} has engine schema {data.get('schema_version')}, this trtbuild reads "
+                             f"{ENGINE_SCHEMA_VERSION}; {rebuild}")
+        try:
+            manifest = from_dict(cls, data, where="engine manifest")
+            manifest.build.validate()  # the limits every runtime reads are checked here, once
+            if manifest.model is not None:
+                manifest.model.validate()
+            return manifest
+        except (ConfigError, TypeError, ValueError, KeyError) as exc:
+            message = str(exc).replace("\n", " ")
+            raise InputError(f"{manifest_path} (engine schema {ENGINE_SCHEMA_VERSION}) is incomplete or from "
+                             f"another trtbuild ({message}); {rebuild}") from None
+

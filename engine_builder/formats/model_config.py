@@ -1,0 +1,171 @@
+"""The normalized model config: everything the graph needs, independent of the source format.
+
+An architecture is dims + rope + a typed block spec (BlockSpec): which norm, which attention
+variant, which MLP, how the residual branches are normalized. The network emitter dispatches
+on these specs, never on the architecture name. A new family (MoE, LayerNorm) adds a value to a
+`kind` Literal here and one branch where that kind is emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from engine_builder.util.errors import ConfigError
+
+NormKind = Literal["rms_norm"]
+MlpKind = Literal["gated"]
+Activation = Literal["silu", "gelu_tanh"]
+LayerType = Literal["full_attention", "sliding_attention"]
+RopeType = Literal["default", "linear", "dynamic", "llama3", "yarn", "longrope"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling; fields unused by a type stay at their defaults."""
+
+    type: RopeType = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    # llama3
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    # yarn
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None
+    # yarn / longrope: multiplies cos and sin
+    attention_factor: float | None = None
+    # longrope: per-frequency divisors, chosen by sequence length
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    # rotary dims per head (partial rotary when < head_dim)
+    dim: int = 0
+    interleaved: bool = False
+    scaling: RopeScaling = field(default_factory=RopeScaling)
+    # sliding-window layers of gemma3 use their own base and no scaling
+    local_theta: float | None = None
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """Every norm of the model: the block's, q/k norms and the final norm."""
+
+    kind: NormKind = "rms_norm"
+    eps: float = 1e-6
+    # gemma stores the weight as w and applies (1 + w)
+    weight_offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # per-head norm on q and k before rotary (qwen3, gemma3)
+    # softmax scale; None means 1/sqrt(head_dim)
+    scale: float | None = None
+    logit_softcap: float | None = None  # gemma2: cap * tanh(scores / cap) before the mask
+    sliding_window: int | None = None
+    layer_types: tuple[LayerType, ...] = ()  # one per layer
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    kind: MlpKind = "gated"  # down(act(gate) * up)
+    activation: Activation = "silu"
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class ResidualSpec:
+    """Pre-norm residual blocks; gemma2/3 also normalize each branch's output ("sandwich" norms)."""
+
+    post_attention_norm: bool = False
+    post_mlp_norm: bool = False
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One decoder layer, the same for every layer (per-layer attention differences are layer_types)."""
+
+    norm: NormSpec = field(default_factory=NormSpec)
+    attention: AttentionSpec = field(default_factory=AttentionSpec)
+    mlp: MlpSpec = field(default_factory=MlpSpec)
+    residual: ResidualSpec = field(default_factory=ResidualSpec)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the graph needs, independent of the source format."""
+
+    architecture: str  # HF model_type the converter was registered for
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope: RopeConfig
+    block: BlockSpec
+    # gemma multiplies embeddings by sqrt(hidden_size)
+    embedding_multiplier: float = 1.0
+    tie_word_embeddings: bool = False
+    final_logit_softcap: float | None = None
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model config: num_heads {self.num_heads} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}; check num_key_value_heads in config.json")
+        if not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2:
+            raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
+        _positive("final_logit_softcap", self.final_logit_softcap)
+        norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp
+        # from_dict does not check Literal values: an unknown kind from a newer schema fails here
+        _one_of("block.norm.kind", norm.kind, NormKind)
+        _one_of("block.mlp.kind", mlp.kind, MlpKind)
+        _one_of("block.mlp.activation", mlp.activation, Activation)
+        for layer_type in attn.layer_types:
+            _one_of("block.attention.layer_types", layer_type, LayerType)
+        _positive("block.norm.eps", norm.eps)
+        _positive("block.attention.scale", attn.scale)
+        _positive("block.attention.logit_softcap", attn.logit_softcap)
+        _positive("block.attention.sliding_window", attn.sliding_window)
+        if len(attn.layer_types) != self.num_layers:
+            raise ConfigError(
+                f"model config: {len(attn.layer_types)} block.attention.layer_types for {self.num_layers} layers")
+        if "sliding_attention" in attn.layer_types and not attn.sliding_window:
+            raise ConfigError("model config: sliding_attention layers need block.attention.sliding_window")
+
+
+def _one_of(name: str, value: object, kinds: object) -> None:
+    if value not in get_args(kinds):
+        raise ConfigError(f"model config: {name} {value!r} is not one of {', '.join(get_args(kinds))} "
+                          "(a checkpoint from a newer trtbuild?)")
+
+
+def _positive(name: str, value: float | None) -> None:
+    """None means unset; a set value must be > 0."""
+    if value is not None and not value > 0:
+        raise ConfigError(f"model config: {name} must be positive when set, got {value}")

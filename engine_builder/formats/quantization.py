@@ -1,0 +1,38 @@
+"""The quantization block of a checkpoint's config.json; the tensor layout it implies is quant_layout.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+QuantScheme = Literal["none", "int8_wo", "int4_wo", "int4_awq", "w8a8_sq", "fp8", "awq", "gptq", "gguf"]
+
+
+@dataclass(frozen=True)
+class CalibrationInfo:
+    """Where the activation statistics of a calibrated scheme came from."""
+
+    source: str  # file name, or "builtin:<name>" for the shipped text
+    sha256: str
+    samples: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """config.json's quantization block; the tensor layout it implies is in converters/quantize/FORMAT.md.
+
+    scheme: how the weights were made. int8_wo / int4_wo are round-to-nearest, int4_awq adds
+    activation-aware scales, w8a8_sq SmoothQuant, fp8 per-tensor e4m3; awq / gptq are
+    pre-quantized Hugging Face checkpoints ingested as they are; gguf keeps a GGUF's Q4_0/Q4_1/Q4_K blocks.
+    """
+
+    scheme: QuantScheme = "none"
+    weight_bits: int | None = None  # 8 or 4; None for none / fp8 (the dtype says it)
+    group_size: int | None = None  # input channels per scale; None = one scale per output channel
+    zero_point: bool = False  # asymmetric uint4 with zeros (ingested awq/gptq); TensorRT refuses it
+    activation: Literal["none", "int8", "fp8"] = "none"  # static per-tensor activation quantization
+    kv_cache: Literal["none", "int8", "fp8"] = "none"
+    quantized: tuple[str, ...] = ()  # canonical linear prefixes stored quantized, e.g. "layers.0.attn.qkv"
+    excluded: tuple[str, ...] = ()  # linear prefixes kept in full precision (--exclude; gguf: other block types)
+    calibration: CalibrationInfo | None = None

@@ -1,0 +1,51 @@
+"""Which registered backend runs an engine dir on this machine, and why.
+
+backend="auto" takes the most preferred backend whose `usable` says yes: TensorRT when the engine
+dir has an engine that trt/compatibility.py says can run here, and onnxruntime on the ONNX twin
+otherwise; the reasons are kept so `trtbuild run --json` and LLM.backend_reason can say why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_builder.runner import ort_backend, trt_backend  # noqa: F401  (each registers its backend)
+from engine_builder.runner.backend import Backend, registered_backends
+from engine_builder.runner.engine import EngineDir
+from engine_builder.util.errors import InputError, UnsupportedError
+
+BACKENDS = ("auto", *sorted(cls.name for cls in registered_backends()))
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # onnxruntime | tensorrt
+    reason: str  # why this one: the TensorRT verdict, or the user's request
+
+
+def choose_backend(engine: EngineDir, backend: str = "auto") -> BackendChoice:
+    """Which backend `backend` means for this engine dir on this machine, and why."""
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        cls = next(c for c in registered_backends() if c.name == backend)
+        ok, verdict = cls.usable(engine)
+        if not ok:
+            raise UnsupportedError(f"cannot use the {cls.title} engine in {engine.path}: {verdict}; run with "
+                                   "--backend onnxruntime (or auto) to use the ONNX twin on CPU")
+        return BackendChoice(backend, verdict or "requested")
+    passed_over = []
+    for cls in registered_backends():
+        ok, verdict = cls.usable(engine)
+        if ok:
+            return BackendChoice(cls.name, "; ".join([*passed_over, verdict] if verdict else passed_over) or "usable")
+        passed_over.append(f"{cls.title} not usable: {verdict}")
+    raise UnsupportedError(f"no backend can run {engine.path} here: {'; '.join(passed_over)}")
+
+
+def open_backend(engine: EngineDir, backend: str = "auto", *,
+                 threads: int | None = None) -> tuple[Backend, BackendChoice]:
+    """The chosen backend, opened. threads: onnxruntime intra-op threads (default: physical cores)."""
+    choice = choose_backend(engine, backend)
+    cls = next(c for c in registered_backends() if c.name == choice.name)
+    return cls.open(engine, threads=threads), choice

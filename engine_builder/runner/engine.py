@@ -1,0 +1,114 @@
+"""An engine dir as the runner sees it: the typed manifest, the limits it was built for, its tokenizer.
+
+Everything a user can get wrong about the directory (missing, not an engine dir, built by a
+newer trtbuild, a file deleted) is an InputError naming the fix, raised before any session or
+engine is created. The manifest's own checks (schema, limits) live in formats/manifest.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from engine_builder.formats.build_config import Limits
+from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.formats.manifest import ENGINE_FILE, GENERATION_CONFIG, ORT_MODEL, EngineManifest
+from engine_builder.formats.model_config import ModelConfig
+from engine_builder.util.errors import InputError
+
+
+@dataclass(frozen=True)
+class EngineDir:
+    path: Path
+    manifest: EngineManifest
+
+    @classmethod
+    def load(cls, path: Path | str) -> EngineDir:
+        path = Path(path)
+        manifest = EngineManifest.load(path)
+        if manifest.model is None:
+            raise InputError(f"{path} was built from an exported ONNX graph (`trtbuild build --onnx`), which carries "
+                             "no model config to generate with; build from a checkpoint: "
+                             f"`trtbuild build <ckpt-dir> {path} --force`")
+        if not (path / ORT_MODEL).is_file():
+            raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
+                             "rebuild the engine dir")
+        return cls(path=path, manifest=manifest)
+
+    @property
+    def model(self) -> ModelConfig:
+        assert self.manifest.model is not None  # load() refuses a manifest without one
+        return self.manifest.model
+
+    @property
+    def limits(self) -> Limits:
+        """max_batch (KV slots), max_input_len (longest prompt), max_seq_len (KV positions)."""
+        return self.manifest.build.limits
+
+    @property
+    def dtype(self) -> str:
+        """float32 | float16 | bfloat16: the graph's KV cache and activation dtype."""
+        return self.manifest.build.dtype
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.manifest.targets
+
+    @property
+    def tensorrt(self) -> dict[str, Any] | None:
+        """The manifest's TensorRT build report (flavour, version, targets, profiles)."""
+        return self.manifest.tensorrt
+
+    @property
+    def kv_layout(self) -> KVCacheLayout:
+        """The cache the graph takes, from the same manifest fields the emitter built it from."""
+        kv_cache = self.manifest.checkpoint.quantization.kv_cache if self.manifest.checkpoint else "none"
+        return KVCacheLayout.of(self.model, self.limits.max_seq_len, self.dtype, kv_cache)
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.path / ORT_MODEL
+
+    @property
+    def engine_path(self) -> Path:
+        return self.path / ENGINE_FILE
+
+    @cached_property
+    def generation_config(self) -> dict[str, Any]:
+        """The checkpoint's generation_config.json ({} when it had none)."""
+        file = self.path / GENERATION_CONFIG
+        if not file.is_file():
+            return {}
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{file} is not valid JSON ({exc}); fix or delete it") from None
+        return data if isinstance(data, dict) else {}
+
+    @cached_property
+    def graph_metadata(self) -> dict[str, str]:
+        """model.onnx's metadata_props (formats/graph_io.py's META_* keys), graph only."""
+        import onnx
+
+        model = onnx.load(str(self.onnx_path), load_external_data=False)
+        return {p.key: p.value for p in model.metadata_props}
+
+    def load_tokenizer(self) -> Any:
+        """The HF fast tokenizer saved beside the engine (tokenizer.json, chat template...)."""
+        if not (self.path / "tokenizer.json").is_file() and not (self.path / "tokenizer_config.json").is_file():
+            raise InputError(f"{self.path} has no tokenizer files; the checkpoint lacked them: copy the model's "
+                             "tokenizer.json / tokenizer_config.json into the engine dir")
+        return load_tokenizer(self.path)
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load."""
+    from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot load the tokenizer in {path}: {exc}".replace("\n", " ")) from None

@@ -1,0 +1,72 @@
+"""What the generation loop (generate.py) and beam search share: a request's state, the events it
+yields, and the clock that sums a run's prefill / decode / engine time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine_builder.runner.backend import Backend
+from engine_builder.runner.sampler import SamplingState, TokenLogprobs
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.stopping import FinishReason, StopChecker
+
+
+@dataclass(frozen=True)
+class Event:
+    request: int  # RequestState.index: the prompt's index in this run (an executor's request id)
+    text: str  # new text safe to show (stop-string hold-back applied)
+    finished: bool
+    token_id: int | None = None  # the token this event is for; None for beam search's single final event
+    logprobs: TokenLogprobs | None = None  # of token_id, when the request asked for logprobs
+
+
+@dataclass(frozen=True)
+class Timings:
+    prefill_ms: float  # engine + sampling time of every prefill step (prompt -> first token)
+    decode_tok_s: float  # tokens from decode steps / time in decode steps, all requests together
+    decode_tokens: int
+    decode_steps: int
+    decode_seconds: float
+    execute_seconds: float  # inside the backend's engine call, decode steps only
+    overhead_share: float  # (decode_seconds - execute_seconds) / decode_seconds: Python per step
+
+    def to_json(self) -> dict[str, float]:
+        return {"prefill_ms": round(self.prefill_ms, 3), "decode_tok_s": round(self.decode_tok_s, 3),
+                "decode_tokens": self.decode_tokens, "decode_steps": self.decode_steps,
+                "overhead_share": round(self.overhead_share, 5)}
+
+
+@dataclass
+class RequestState:
+    """One request's progress. Mutable by design: it grows by a token per step."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingState
+    stop: StopChecker
+    slot: int | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    text: str = ""  # final text (filled when finished)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class StepClock:
+    """Sums of prefill / decode / engine time for one run."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.prefill = self.decode = self.execute = 0.0
+        self.decode_tokens = self.decode_steps = 0
+
+    def timings(self) -> Timings:
+        tok_s = self.decode_tokens / self.decode if self.decode > 0 else 0.0
+        share = (self.decode - self.execute) / self.decode if self.decode > 0 else 0.0
+        return Timings(self.prefill * 1e3, tok_s, self.decode_tokens, self.decode_steps, self.decode,
+                       self.execute, share)

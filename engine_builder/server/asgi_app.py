@@ -1,0 +1,54 @@
+"""The FastAPI app of `trtbuild serve`: TGI and OpenAI routes over one Executor, plus operations.
+
+    app = create_app(Executor(LLM("engine-dir")), ServerConfig.for_engine(limits, "smollm2"))
+
+Routes: POST /generate, /generate_stream, / (TGI); POST /v1/completions, /v1/chat/completions,
+GET /v1/models (OpenAI); GET /health, /metrics (Prometheus text); GET /docs (OpenAPI).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from engine_builder.executor import Executor
+from engine_builder.server import openai_api, tgi
+from engine_builder.server.auth import ApiKeyMiddleware
+from engine_builder.server.config import ServerConfig
+from engine_builder.server.generation import ServerState
+from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
+from engine_builder.server.metrics import CONTENT_TYPE
+from engine_builder.util.version import __version__
+
+
+def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="trtbuild serve", version=__version__, redoc_url=None,
+                  description=f"{config.model_name}: TGI (/generate, /generate_stream) and OpenAI-compatible "
+                              "(/v1/completions, /v1/chat/completions) text generation.")
+    state = ServerState(executor, config)
+    app.state.server = state
+    app.state.started = int(time.time())
+
+    def count_rejected(status: int) -> None:
+        state.metrics.rejected.labels(str(status)).inc()
+
+    install_error_handlers(app, on_error=count_rejected)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=count_rejected)
+    app.include_router(tgi.router)
+    app.include_router(openai_api.router)
+
+    @app.get("/health", tags=["operations"], summary="200 while the executor runs")
+    async def health(request: Request) -> Response:
+        if not executor.alive:
+            return error_response(request, UNAVAILABLE, "the executor has stopped (see the server log); restart "
+                                                        "the server")
+        return JSONResponse({"status": "ok", "model": config.model_name})
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    return app

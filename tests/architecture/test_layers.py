@@ -1,0 +1,96 @@
+"""The structure docs/ARCHITECTURE.md promises, checked on the real import graph (grimp, as import-linter
+reads it) and in a real interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).parents[2]
+PACKAGES = ("engine_builder", "converters", "passes")
+BUILD_SIDE = ("converters", "passes", "engine_builder.network", "engine_builder.build",
+              "engine_builder.trt.engine_build", "engine_builder.trt.engine_layers")
+
+
+def _graph() -> grimp.ImportGraph:
+    return grimp.build_graph(*PACKAGES, cache_dir=None)
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan): each is an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_is_tied_to_itself_through_others():
+    graph = _graph()
+    assert len(graph.modules) > 100  # the graph is the real one, not an empty read
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = _graph()
+    graph.add_import(importer="engine_builder.formats.graph_io", imported="engine_builder.runner.llm")
+    assert any("engine_builder.formats.graph_io" in c and "engine_builder.runner.llm" in c for c in _cycles(graph))
+
+
+def test_import_linter_contracts_are_kept():
+    proc = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "3 kept, 0 broken" in proc.stdout
+
+
+def test_the_runtime_loads_nothing_of_the_build_side():
+    code = ("import sys; from engine_builder import LLM; import engine_builder.server, engine_builder.executor; "
+            "import json; print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                       check=True, timeout=300).stdout)
+    assert "engine_builder.runner.llm" in loaded and "engine_builder.server.http_server" in loaded
+    build_side = [m for m in loaded if m.startswith(BUILD_SIDE)]
+    assert build_side == []
+    # nor the graph tooling or TensorRT itself
+    assert not [m for m in loaded if m.split(".")[0] in ("onnx_ir", "onnxscript", "tensorrt", "tensorrt_rtx")]
+
+
+def test_file_names_are_unique():
+    names: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name not in ("__init__.py", "__main__.py"):
+                names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
