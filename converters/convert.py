@@ -27,7 +27,13 @@ from converters.sources import prequantized
 from converters.sources.open_source import open_source
 from converters.sources.prequantized import PrequantizedFormat
 from converters.sources.source import Source
-from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig, SourceFile, SourceFingerprint
+from engine_builder.formats.checkpoint import (
+    CHECKPOINT_SCHEMA,
+    WEIGHTS_FILE,
+    CheckpointConfig,
+    SourceFile,
+    SourceFingerprint,
+)
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
@@ -97,7 +103,12 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
     source = open_source(Path(src))
     fmt = prequantized.detect(source.hf_config)
     converter = get_converter(source.hf_config.get("model_type"))
-    model = converter.config_from_hf(source.hf_config)
+    try:
+        model = converter.config_from_hf(source.hf_config)
+    except (ValueError, TypeError, KeyError) as exc:  # a field of the wrong type or missing, e.g. rms_norm_eps "tiny"
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).replace("\n", " ")
+        raise InputError(f"{src}: config.json cannot describe a {converter.model_type} model ({what}); fix that "
+                         "field") from None
     model.validate()
     infos = source.tensor_infos()
     if fmt:
@@ -133,7 +144,8 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     source's float dtype, or float32 with a --quant scheme. `progress(stage, n, total)` hears of every
     n bytes written ("converting", "quantizing") and of calibration windows ("calibrating")."""
     out = Path(out)
-    check_output_dir(out, force)  # fail before any expensive work
+    inputs = (src, calib)  # --force never deletes what it reads
+    check_output_dir(out, force, inputs, CHECKPOINT_SCHEMA)  # fail before any expensive work
     options = QuantOptions(quant, group_size, kv_cache, Path(calib) if calib else None, calib_samples,
                            calib_seq_len, tuple(exclude))
     options.validate()
@@ -168,7 +180,7 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     # large buffers, and the unchanged-dtype copy itself runs in the kernel
     with ThreadPoolExecutor(max_workers=2) as pool:
         hashes = {p: pool.submit(sha256_file, p) for p in cp.source.files()}
-        with atomic_output_dir(out, force) as tmp:
+        with atomic_output_dir(out, force, inputs, CHECKPOINT_SCHEMA) as tmp:
             float_dir = tmp / FLOAT_SCRATCH if quantizing else tmp
             float_dir.mkdir(exist_ok=True)
             written = _write_checkpoint(cp, float_dir, hashes, progress)

@@ -21,8 +21,10 @@ from engine_builder.util.version import __version__
 from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.formats.manifest import (
     ENGINE_FILE,
+    ENGINE_SCHEMA,
     ORT_MODEL,
     TRT_MODEL,
     BuildCost,
@@ -30,6 +32,7 @@ from engine_builder.formats.manifest import (
     EngineManifest,
     OrtQuantization,
     Versions,
+    file_digests,
 )
 from engine_builder.util.file_hash import sha256_file
 from engine_builder.util.memory import PeakRss
@@ -132,13 +135,16 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     config.validate()
     ckpt, out = Path(ckpt), Path(out)
     checkpoint = CheckpointConfig.load(ckpt)
+    quant = checkpoint.quantization
+    check_engine_memory(checkpoint.model, config.limits, config.dtype, quant.kv_cache, quant.weight_bits,
+                        what=f"an engine of {ckpt} with these limits")
     check_pass_lists(config)
     check_quantized_build(checkpoint.quantization, config.targets, config.dtype, config.compute_capabilities)
-    check_output_dir(out, force)
+    check_output_dir(out, force, (ckpt,), ENGINE_SCHEMA)
     started, peak = time.perf_counter(), PeakRss()
     network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
-    with atomic_output_dir(out, force) as tmp:
-        link_weights(ckpt, tmp)
+    with atomic_output_dir(out, force, (ckpt,), ENGINE_SCHEMA) as tmp:
+        link_weights(ckpt, tmp, own_copy=True)  # the engine's own inode: later edits of CKPT cannot reach it
         lowered = lower_for_targets(
             tmp, config, make_model=lambda: build_decoder(ckpt, network),
             # weights stay external (rank0.safetensors at their offsets); pass-made ones go to <model>.data
@@ -149,7 +155,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
         result = build_result(out, config, lowered, started, peak)
-        manifest = manifest_of(config, result, model=checkpoint.model, quantization=_quantization(checkpoint, tmp / ORT_MODEL),
+        manifest = manifest_of(config, result, tmp, model=checkpoint.model,
+                               quantization=_quantization(checkpoint, tmp / ORT_MODEL),
                                checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization, checkpoint.source))
         manifest.save(tmp)
         if gate is not None:  # runs on the complete engine dir (manifest included), before OUT exists
@@ -187,13 +194,15 @@ def _quantization(checkpoint: CheckpointConfig, ort_model: Path) -> OrtQuantizat
                            int(level) if level else None)
 
 
-def manifest_of(config: BuildConfig, result: BuildResult, **blocks: Any) -> EngineManifest:
-    """The manifest every build writes; BLOCKS adds what only some have (model, checkpoint, source_onnx...)."""
+def manifest_of(config: BuildConfig, result: BuildResult, engine_dir: Path, **blocks: Any) -> EngineManifest:
+    """The manifest every build writes into ENGINE_DIR, once every file the engine reads is in place (their
+    sha256 and size are recorded: runner/engine_integrity.py checks them at load); BLOCKS adds what only
+    some have (model, checkpoint, source_onnx...)."""
     import onnxruntime
 
     trt = result.tensorrt
     versions = Versions(trtbuild=__version__, onnxruntime=onnxruntime.__version__,
                         tensorrt={k: trt[k] for k in ("flavour", "trt_version")} if trt else None)
     return EngineManifest(versions=versions, build=config, targets=result.targets, passes=result.passes,
-                          graph_hashes=result.graph_hashes, tensorrt=trt,
+                          graph_hashes=result.graph_hashes, tensorrt=trt, files=file_digests(engine_dir),
                           cost=BuildCost(result.seconds, result.peak_rss_bytes), **blocks)

@@ -60,7 +60,7 @@ def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bo
     out = Path(out)
     check_pass_lists(config)
     load_onnx(onnx_path)  # a malformed file fails before anything is created
-    check_output_dir(out, force)
+    check_output_dir(out, force, (onnx_path,), ENGINE_SCHEMA)
     started, peak = time.perf_counter(), PeakRss()
 
     def trt_options(model: ir.Model) -> Any:
@@ -70,12 +70,13 @@ def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bo
         return TrtBuildOptions(config.compute_capabilities, config.opt_level, (_profile(model, config),),
                                decomposable_attention=True, flavour=config.trt_flavour)  # type: ignore[arg-type]
 
-    with atomic_output_dir(out, force) as tmp:
+    with atomic_output_dir(out, force, (onnx_path,), ENGINE_SCHEMA) as tmp:
         lowered = lower_for_targets(
             tmp, config, make_model=lambda: load_onnx(onnx_path),
             # the weights go beside the graph: the passes may have made new ones (fused q/k/v)
             save=lambda model, path: ir.save(model, path, external_data=path.name + ".data"),
             trt_options=trt_options, explain=explain)
         result = build_result(out, config, lowered, started, peak)
-        manifest_of(config, result, source_onnx=SourceOnnx(Path(onnx_path).name, sha256_file(Path(onnx_path)))).save(tmp)
+        manifest_of(config, result, tmp,
+                    source_onnx=SourceOnnx(Path(onnx_path).name, sha256_file(Path(onnx_path)))).save(tmp)
     return result

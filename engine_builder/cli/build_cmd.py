@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stderr, stdout
+from engine_builder.util.atomic_dir import check_apart
 from engine_builder.util.errors import InputError
 
 
@@ -65,6 +67,11 @@ def build(
         flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
     overrides = {k: v for k, v in flags.items() if v is not None}
     config = apply_overrides(config, {**overrides, **parse_set(set_ or [])})
+    config.validate()
+    # --force replaces OUT: it must not be, hold or sit inside anything this build reads
+    written = (out or ckpt) if onnx is not None else out
+    if written is not None:
+        check_apart(written, _inputs(None if onnx is not None else ckpt, onnx, recipe, loaded))
     gate = None
     if loaded is not None and loaded.fidelity is not None:  # checks the gate's paths before the build starts
         from engine_builder.eval.gate import fidelity_gate
@@ -79,13 +86,14 @@ def build(
         out = out or ckpt  # `build --onnx model.onnx OUT`: OUT is the only positional
         if out is None:
             raise InputError("missing OUT: trtbuild build --onnx model.onnx OUT")
-        result = build_third_party(onnx, out, config, force=force, explain=explain_passes)
+        with sigterm_as_interrupt():
+            result = build_third_party(onnx, out, config, force=force, explain=explain_passes)
     else:
         if ckpt is None or out is None:
             raise InputError("missing arguments: trtbuild build CKPT OUT (see --help)")
         from engine_builder.build.pipeline import build as build_engine_dir
 
-        with build_progress(enabled=not as_json) as (stage, trt_progress):
+        with sigterm_as_interrupt(), build_progress(enabled=not as_json) as (stage, trt_progress):
             result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
                                       trt_progress=trt_progress, gate=gate)
     if as_json:
@@ -103,6 +111,33 @@ def build(
     if result.fidelity:
         shown = {k: result.fidelity.get(k) for k in ("ppl", "ppl_ratio", "kl", "top1_agreement")}
         stdout.print("fidelity gate passed: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None))
+
+
+def _inputs(ckpt: Path | None, onnx: Path | None, recipe: Path | None, loaded: Any) -> list[Path]:
+    """Every path the build reads: the checkpoint or ONNX file, the recipe and its gate's reference and text."""
+    paths = [p for p in (ckpt, onnx, recipe) if p is not None]
+    fidelity = loaded.fidelity if loaded is not None else None
+    if recipe is not None and fidelity is not None:
+        paths += [Path(recipe).parent / p for p in (fidelity.reference, fidelity.text) if p]
+    return paths
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, `kill`) stops the build the way Ctrl-C does: the TensorRT build process
+    is killed and the temp output removed, where the default action would leave both behind."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -128,8 +163,7 @@ def build_progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Calla
             progress.update(phases[event.phase], completed=event.step)
             if event.kind == "finish" and event.phase in nested:  # nested phases come and go
                 progress.remove_task(phases.pop(event.phase))
-        # TensorRT builds without releasing the GIL, so rich's refresh thread cannot draw: draw here
-        progress.refresh()
+        progress.refresh()  # at once: TensorRT's phases can be short
 
     with progress:
         yield on_stage, on_trt

@@ -14,6 +14,8 @@ from engine_builder.cli.eval_cmd import eval_command
 from engine_builder.cli.inspect_cmd import inspect
 from engine_builder.cli.run_cmd import run
 from engine_builder.cli.serve_cmd import serve
+from engine_builder.cli.verify_cmd import verify
+from engine_builder.util.version import __version__
 
 app = typer.Typer(
     help="Turn Hugging Face LLM checkpoints into TensorRT engines ahead of time, and run them.\n\n"
@@ -25,13 +27,21 @@ app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"trtbuild {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False) -> None:
+def main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+         version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                               callback=_print_version)] = False) -> None:
     state["debug"] = debug
 
 
 for name, command in (("convert", convert), ("build", build), ("inspect", inspect), ("run", run), ("serve", serve),
-                      ("eval", eval_command)):
+                      ("eval", eval_command), ("verify", verify)):
     app.command(name)(user_errors(command))
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stderr, stdout
+from engine_builder.util.errors import InputError
 
 
 def convert_progress(enabled: bool) -> tuple[Progress, Callable[[str, int, int], None]]:
@@ -109,6 +110,7 @@ def convert(
             table.add_row(name, "(dropped on purpose)", "")
         stdout.print(table)
         return
+    _check_calibration_memory(src, dtype, quant, kv_cache, calib_seq_len)
     progress, on_progress = convert_progress(enabled=not as_json)
     with progress:
         result = convert_checkpoint(src, out, dtype=dtype, force=force, quant=quant, group_size=group_size,
@@ -123,3 +125,25 @@ def convert(
     stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
                  f"{result.bytes / 1e6:.1f} MB {result.dtype}{quantized} in {result.seconds:.1f}s "
                  f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")
+
+
+def _check_calibration_memory(src: Path, dtype: str, quant: str, kv_cache: str, seq_len: int | None) -> None:
+    """Converting streams a tensor at a time, but calibration runs the whole float32 model on a window of
+    SEQ_LEN tokens: weigh that against this machine first (formats/memory_plan.py), not after the float
+    checkpoint is written."""
+    from converters.quantize.quant_options import QuantOptions
+
+    if not QuantOptions(quant, kv_cache=kv_cache).needs_calibration or (seq_len is not None and seq_len <= 0):
+        return  # nothing calibrates, or convert() says what is wrong with the options
+    from converters.convert import plan
+    from converters.quantize import calibrate
+    from engine_builder.formats.build_config import MAX_LIMITS, Limits
+    from engine_builder.formats.memory_plan import check_engine_memory
+
+    window = seq_len or calibrate.DEFAULT_SEQ_LEN
+    if window > MAX_LIMITS["max_seq_len"]:
+        raise InputError(f"--calib-seq-len {window} is above {MAX_LIMITS['max_seq_len']}; a few hundred tokens "
+                         f"per window calibrate well (default {calibrate.DEFAULT_SEQ_LEN})")
+    model = plan(src, "float32" if dtype == "auto" else dtype).model
+    check_engine_memory(model, Limits(max_batch=1, max_input_len=window, max_seq_len=window), "float32",
+                        what=f"calibrating {src} on windows of {window} tokens")

@@ -21,12 +21,17 @@ def inspect(
 
     summary = summarize(engine_dir)
     m = summary.manifest
+    # sizes only (stat, no reads): hashing is `trtbuild verify`'s job, and every load's
+    changed = [d.name for d in m.files if summary.files.get(d.name) != d.size]
+    integrity = {"recorded": {d.name: d.sha256 for d in m.files}, "size_changed": changed,
+                 "check": f"trtbuild verify {engine_dir}"}
     if as_json:
         data = m.to_dict()
         print_json({"path": summary.path, "model": data["model"], "dtype": m.build.dtype,
                     "limits": data["build"]["limits"], "targets": m.targets, "versions": data["versions"],
                     "passes": m.passes, "tensorrt": m.tensorrt, "files": summary.files,
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
+                    "integrity": integrity,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
                                 "onnxruntime": {"ok": summary.onnxruntime_ok}}})
         return
@@ -50,6 +55,9 @@ def inspect(
     for target_name, results in m.passes.items():
         table.add_row(f"passes ({target_name})", ", ".join(f"{r['name']} {r['matches']}" for r in results))
     table.add_row("files", ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in summary.files.items()))
+    sizes = f"SIZE CHANGED: {', '.join(changed)}" if changed else "sizes match"
+    table.add_row("integrity", f"sha256 of {len(m.files)} files recorded, {sizes}; run `trtbuild verify "
+                               f"{engine_dir}` to check the hashes (loads check them too)")
     table.add_row("tensorrt here", summary.tensorrt_verdict)
     table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
     stdout.print(table)

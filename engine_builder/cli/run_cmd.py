@@ -44,6 +44,9 @@ def run(
                                               "onnxruntime), tensorrt or onnxruntime.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, token_ids, finish_reason, "
                                                          "backend, timings) instead of streaming.")] = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against "
+                                                                "the sha256 its build recorded (trusted dirs "
+                                                                "only).")] = False,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -63,7 +66,7 @@ def run(
 
     from engine_builder.runner.llm import LLM
 
-    llm = LLM(engine_dir, backend=backend)
+    llm = LLM(engine_dir, backend=backend, verify=not no_verify)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)
@@ -90,9 +93,23 @@ def _read_prompt(prompt: str | None) -> str:
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
-        prompt = sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        try:  # bytes decoded here, so a bad byte is one line rather than a traceback
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"the prompt on stdin is not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                             f"convert it first, e.g. `iconv -f latin1 -t utf-8 FILE | trtbuild run ...`") from None
         if prompt.endswith("\n"):  # `echo text | trtbuild run`: the shell's newline is not part of it
             prompt = prompt[:-1]
+    else:
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:  # argv bytes that were not UTF-8 arrive as lone surrogates (0xDC80-0xDCFF)
+            code = ord(prompt[exc.start])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+            raise InputError(f"--prompt is not UTF-8 ({what} at character {exc.start}); pass UTF-8 text (a UTF-8 "
+                             f"terminal locale, or `iconv -t utf-8` on the text) or pipe it on stdin") from None
     if not prompt.strip():
         raise InputError("the prompt is empty; pass --prompt TEXT (or non-empty stdin)")
     return prompt

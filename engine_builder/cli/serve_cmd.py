@@ -15,7 +15,14 @@ from typing import Annotated
 
 import typer
 
-from engine_builder.server.config import DEFAULT_MAX_CONCURRENT_REQUESTS
+from engine_builder.server.config import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    DEFAULT_MAX_STOP_SEQUENCES,
+    DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+)
 from engine_builder.server.http_server import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
@@ -42,9 +49,24 @@ def serve(
                                               "onnxruntime), tensorrt or onnxruntime.")] = "auto",
     threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads (default: the physical "
                                                      "cores).")] = None,
+    prefix_cache: Annotated[bool, typer.Option(help="Reuse the KV of earlier prompts' full 16-token blocks for "
+                                                    "requests that start the same way (a shared system prompt "
+                                                    "is prefilled once); onnxruntime backend.")] = False,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
                                                          "finish before they are cancelled.")]
     = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    max_request_bytes: Annotated[int, typer.Option(help="Largest request body in bytes; larger gets 413 before it "
+                                                        "is read.")] = DEFAULT_MAX_REQUEST_BYTES,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take from admission; then it is "
+                                                        "cancelled: 504, or a timeout event ending its stream.")]
+    = DEFAULT_REQUEST_TIMEOUT_S,
+    max_top_logprobs: Annotated[int, typer.Option(help="Most alternatives per token (TGI top_n_tokens, OpenAI "
+                                                       "top_logprobs / logprobs); more gets 422.")]
+    = DEFAULT_MAX_TOP_LOGPROBS,
+    max_stop_sequences: Annotated[int, typer.Option(help="Most stop sequences per request; more gets 422.")]
+    = DEFAULT_MAX_STOP_SEQUENCES,
+    max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer gets "
+                                                              "422.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
@@ -64,7 +86,10 @@ def serve(
     serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
-                 threads=threads, shutdown_timeout=shutdown_timeout,
+                 threads=threads, prefix_cache=prefix_cache, shutdown_timeout=shutdown_timeout,
+                 max_request_bytes=max_request_bytes,
+                 request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
+                 max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True))
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's

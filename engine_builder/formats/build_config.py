@@ -6,6 +6,7 @@ Precedence: defaults < recipe file < command-line flags < --set key=value.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,22 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Above these no model or machine is plausible: a typo (an extra zero or three), refused before the
+# memory plan (formats/memory_plan.py) weighs what the limits cost on this machine
+MAX_LIMITS = {"max_batch": 1 << 16, "max_input_len": 1 << 24, "max_seq_len": 1 << 24}
+MAX_RECIPE_BYTES = 1 << 20
+MAX_YAML_ALIASES = 32  # anchors a recipe may reuse: enough for sharing a pass list, too few to bomb
+MAX_YAML_DEPTH = 32
+
+
 def check_limit(name: str, value: object) -> None:
     """The rule every engine limit (a count of sequences or tokens) follows, wherever it is given."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    top = MAX_LIMITS.get(name)
+    if top is not None and value > top:
+        raise ConfigError(f"{name} {value} is above {top}, more than any model or machine handles; "
+                          f"pass a realistic {name}")
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,8 @@ class Fidelity:
                 raise ConfigError(f"fidelity.{name} must be an integer >= 2, got {value!r}")
         for name in ("max_ppl", "max_ppl_ratio", "max_kl", "min_top1_agreement"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value) or value < 0):
                 raise ConfigError(f"fidelity.{name} must be a non-negative number, got {value!r}")
         if self.min_top1_agreement is not None and self.min_top1_agreement > 1:
             raise ConfigError(f"fidelity.min_top1_agreement is a fraction in [0, 1], got {self.min_top1_agreement}")
@@ -132,13 +146,69 @@ class Recipe:
 
 
 def load_recipe(path: Path) -> Recipe:
+    path = Path(path)
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise ConfigError(f"recipe {path} is over {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a few lines of YAML")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"recipe {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                          f"save it as UTF-8") from None
+    data = safe_yaml(text, f"recipe {path}")
+    return from_dict(Recipe, _normalize({} if data is None else data), where=f"recipe {path.name}")
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader with a cap on aliases (a "billion laughs" document expands exponentially once
+    walked) and on nesting (deep nesting exhausts the recursion limit)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+        self.open_anchors: list[str] = []  # anchors of the nodes being composed: depth and recursion
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise _YamlBomb(f"more than {MAX_YAML_ALIASES} aliases (*name)")
+            if event.anchor in self.open_anchors:  # a node that holds itself: endless once walked
+                raise _YamlBomb(f"a recursive alias (*{event.anchor})")
+            return super().compose_node(parent, index)
+        self.open_anchors.append(event.anchor)
+        try:
+            if len(self.open_anchors) > MAX_YAML_DEPTH:
+                raise _YamlBomb(f"nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.open_anchors.pop()
+
+
+class _YamlBomb(Exception):
+    pass
+
+
+def safe_yaml(text: str, what: str) -> Any:
+    """TEXT as plain data (mappings, lists, scalars), refusing alias bombs and deep nesting: one
+    ConfigError naming WHAT."""
+    loader = None
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses control characters here already
+        return loader.get_single_data()
+    except _YamlBomb as exc:
+        raise ConfigError(f"{what} has {exc}; write the values out") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"recipe {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
-    return from_dict(Recipe, _normalize(data), where=f"recipe {Path(path).name}")
+        raise ConfigError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def apply_overrides(config: BuildConfig, overrides: dict[str, Any]) -> BuildConfig:
@@ -163,7 +233,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r} is not key=value (e.g. --set limits.max_seq_len=4096)")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = safe_yaml(value, f"--set {key.strip()}")
     return out
 
 

@@ -5,8 +5,12 @@
       model.onnx         the onnxruntime twin (always written): numerics and CPU runs
       model.trt.onnx     the graph TensorRT parsed (kept to rebuild or refit without re-running passes)
       rank0.engine       serialized TensorRT(-RTX) engine (target tensorrt)
-      rank0.safetensors  hard link of the checkpoint's weights, which both graphs reference
+      rank0.safetensors  the checkpoint's weights, which both graphs reference: the engine dir's own
+                         copy (a reflink where the filesystem allows), never a link to the checkpoint
       tokenizer files, generation_config.json
+
+`files` records the sha256 and size of every file the engine reads (`verified_files`, as
+the build left them); runner/engine_integrity.py checks them at load and in `trtbuild verify`.
 
 Kept import-light (no onnx, no numpy): `trtbuild run` and `inspect` read it before anything heavy.
 """
@@ -25,6 +29,7 @@ from engine_builder.formats.dataclass_io import from_dict
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError, InputError
+from engine_builder.util.file_hash import sha256_files
 
 ENGINE_SCHEMA = "trtbuild.engine"
 ENGINE_SCHEMA_VERSION = 2  # 2: the model block nests the BlockSpec (model_config.py)
@@ -39,6 +44,31 @@ def engine_file(rank: int = 0) -> str:
 
 
 ENGINE_FILE = engine_file(0)
+
+
+def verified_files(engine_dir: Path) -> list[Path]:
+    """The files an engine reads, as present in ENGINE_DIR: its weights, both graphs and the external data
+    beside them (model.onnx.data...), the serialized engines. Tokenizer and config files are not among them."""
+    def read_by_the_engine(name: str) -> bool:
+        return (name in (ORT_MODEL, TRT_MODEL) or name.endswith((".onnx.data", ".engine"))
+                or (name.startswith("rank") and name.endswith(".safetensors")))  # WEIGHTS_FILE and other ranks'
+
+    return sorted(f for f in Path(engine_dir).iterdir() if f.is_file() and read_by_the_engine(f.name))
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """One file the engine reads, as the build wrote it."""
+
+    name: str  # relative to the engine dir
+    size: int
+    sha256: str
+
+
+def file_digests(engine_dir: Path) -> tuple[FileDigest, ...]:
+    """What the manifest's `files` records: every verified file of ENGINE_DIR, hashed (in parallel)."""
+    paths = verified_files(engine_dir)
+    return tuple(FileDigest(p.name, p.stat().st_size, sha) for p, sha in zip(paths, sha256_files(paths)))
 
 
 @dataclass(frozen=True)
@@ -89,6 +119,7 @@ class EngineManifest:
     passes: dict[str, list[dict[str, Any]]]  # target -> per-pass {name, matches, ...} in run order
     graph_hashes: dict[str, str]  # target -> sha256 of the graph file
     cost: BuildCost
+    files: tuple[FileDigest, ...]  # every file the engine reads (verified_files), checked at load
     model: ModelConfig | None = None  # None for `build --onnx`: the exporter's graph carries no config
     checkpoint: CheckpointSummary | None = None
     source_onnx: SourceOnnx | None = None

@@ -8,9 +8,11 @@ on these specs, never on the architecture name. A new family (MoE, LayerNorm) ad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from engine_builder.formats.dataclass_io import check_types
 from engine_builder.util.errors import ConfigError
 
 NormKind = Literal["rms_norm"]
@@ -18,6 +20,12 @@ MlpKind = Literal["gated"]
 Activation = Literal["silu", "gelu_tanh"]
 LayerType = Literal["full_attention", "sliding_attention"]
 RopeType = Literal["default", "linear", "dynamic", "llama3", "yarn", "longrope"]
+
+# Far above any published model (vocab ~262k, hidden ~25k, ~130 layers, head_dim 256): a config past
+# these is a typo or an attack, refused before anything is sized from it (formats/memory_plan.py then
+# weighs real sizes against this machine)
+MAX_DIMS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 10,
+            "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12}
 
 
 @dataclass(frozen=True)
@@ -130,10 +138,31 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        # types first (a config.json edited by hand, a converter fed strings): every later check compares numbers
+        check_types(self, "model config")
+        for name, top in MAX_DIMS.items():
+            value = getattr(self, name)
+            if value <= 0:
+                raise ConfigError(f"model config: {name} must be positive, got {value}")
+            if value > top:
+                raise ConfigError(f"model config: {name} {value} is above {top}, larger than any published model; "
+                                  f"check config.json")
+        if self.max_position_embeddings <= 0:
+            raise ConfigError(f"model config: max_position_embeddings must be positive, got "
+                              f"{self.max_position_embeddings}")
+        rope, scaling = self.rope, self.rope.scaling
+        _positive("rope.theta", rope.theta, required=True)
+        _positive("rope.local_theta", rope.local_theta)
+        _positive("rope.scaling.factor", scaling.factor, required=True)
+        for name in ("low_freq_factor", "high_freq_factor", "attention_factor"):
+            _positive(f"rope.scaling.{name}", getattr(scaling, name))
+        for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):  # 0 is meaningful for mscale_all_dim
+            _finite(f"rope.scaling.{name}", getattr(scaling, name))
+        for name in ("short_factor", "long_factor"):
+            for i, factor in enumerate(getattr(scaling, name) or ()):
+                _positive(f"rope.scaling.{name}[{i}]", factor)
+        _positive("embedding_multiplier", self.embedding_multiplier, required=True)
+        _finite("block.norm.weight_offset", self.block.norm.weight_offset)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"model config: num_heads {self.num_heads} is not a multiple of "
@@ -142,7 +171,7 @@ class ModelConfig:
             raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
         _positive("final_logit_softcap", self.final_logit_softcap)
         norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp
-        # from_dict does not check Literal values: an unknown kind from a newer schema fails here
+        # check_types / from_dict check Literal values already; these name what a newer schema may add
         _one_of("block.norm.kind", norm.kind, NormKind)
         _one_of("block.mlp.kind", mlp.kind, MlpKind)
         _one_of("block.mlp.activation", mlp.activation, Activation)
@@ -165,7 +194,15 @@ def _one_of(name: str, value: object, kinds: object) -> None:
                           "(a checkpoint from a newer trtbuild?)")
 
 
-def _positive(name: str, value: float | None) -> None:
-    """None means unset; a set value must be > 0."""
-    if value is not None and not value > 0:
-        raise ConfigError(f"model config: {name} must be positive when set, got {value}")
+def _positive(name: str, value: float | None, required: bool = False) -> None:
+    """None means unset (unless REQUIRED); a set value must be finite and > 0 (NaN compares false)."""
+    if value is None and not required:
+        return
+    if value is None or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"model config: {name} must be a positive finite number{'' if required else ' when set'}, "
+                          f"got {value}")
+
+
+def _finite(name: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ConfigError(f"model config: {name} must be a finite number when set, got {value}")

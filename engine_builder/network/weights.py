@@ -136,25 +136,51 @@ class CheckpointWeights:
         return self._b.initializer(ir.Value(name=name, shape=shape, type=ir.TensorType(dtype), const_value=tensor))
 
 
-def link_weights(ckpt_dir: Path, out_dir: Path) -> Path:
-    """Put the checkpoint's rank0.safetensors into out_dir: a hard link, or a copy across filesystems.
+def link_weights(ckpt_dir: Path, out_dir: Path, *, own_copy: bool = False) -> Path:
+    """Put the checkpoint's rank0.safetensors into out_dir; returns its path there.
 
     onnxruntime and TensorRT refuse external data outside the model's own dir and onnxruntime
-    refuses symlinks, so the file must really be in out_dir; a hard link costs no space.
+    refuses symlinks, so the file must really be in out_dir. own_copy=True (engine dirs) gives it
+    its own inode, so a later in-place edit of the checkpoint can neither change nor truncate what
+    an engine reads (onnxruntime maps external data): a reflink (copy-on-write, no space, instant)
+    where the filesystem allows (btrfs, XFS, bcachefs, ZFS 2.2+), else a streamed copy. Otherwise
+    (scratch dirs that die with the command) a hard link, costing nothing, or a copy across filesystems.
     """
     src, dst = Path(ckpt_dir) / WEIGHTS_FILE, Path(out_dir) / WEIGHTS_FILE
     if dst.exists() and os.path.samefile(src, dst):
-        return dst
+        if not own_copy:
+            return dst
+        dst.unlink()  # a link from an earlier call: replace it by a copy
     tmp = dst.with_name(f".{WEIGHTS_FILE}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
-        try:
-            os.link(src, tmp)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            shutil.copyfile(src, tmp)  # streamed in chunks, never whole in memory
+        if own_copy:
+            _clone_or_copy(src, tmp)
+        else:
+            try:
+                os.link(src, tmp)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.copyfile(src, tmp)  # streamed in chunks, never whole in memory
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
     return dst
+
+
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+def _clone_or_copy(src: Path, dst: Path) -> None:
+    """DST as a reflink of SRC where the filesystem supports it, else a streamed copy (copy_file_range
+    in the kernel where it can)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            import fcntl
+
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return
+        except (ImportError, OSError):  # EOPNOTSUPP, EXDEV, EINVAL...: no reflink here, copy
+            pass
+    shutil.copyfile(src, dst)

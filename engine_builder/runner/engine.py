@@ -1,8 +1,8 @@
 """An engine dir as the runner sees it: the typed manifest, the limits it was built for, its tokenizer.
 
 Everything a user can get wrong about the directory (missing, not an engine dir, built by a
-newer trtbuild, a file deleted) is an InputError naming the fix, raised before any session or
-engine is created. The manifest's own checks (schema, limits) live in formats/manifest.py.
+newer trtbuild, a file deleted or changed since the build) is an InputError naming the fix,
+raised before any session or engine is created. The manifest's own checks (schema, limits) live in formats/manifest.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import Any
 from engine_builder.formats.build_config import Limits
 from engine_builder.formats.graph_io import KVCacheLayout
 from engine_builder.formats.manifest import ENGINE_FILE, GENERATION_CONFIG, ORT_MODEL, EngineManifest
+from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.runner.engine_integrity import check_engine_files
 from engine_builder.util.errors import InputError
 
 
@@ -26,7 +28,10 @@ class EngineDir:
     manifest: EngineManifest
 
     @classmethod
-    def load(cls, path: Path | str) -> EngineDir:
+    def load(cls, path: Path | str, verify: bool = True) -> EngineDir:
+        """The engine dir at PATH. verify (default): every file the engine reads must have the sha256 and
+        size its build recorded (engine_integrity.py; about 0.8 s per GB); False skips that for trusted
+        fast starts."""
         path = Path(path)
         manifest = EngineManifest.load(path)
         if manifest.model is None:
@@ -36,6 +41,11 @@ class EngineDir:
         if not (path / ORT_MODEL).is_file():
             raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
                              "rebuild the engine dir")
+        quant = manifest.checkpoint.quantization if manifest.checkpoint else None  # sized before any allocation
+        check_engine_memory(manifest.model, manifest.build.limits, manifest.build.dtype, quant.kv_cache if quant
+                            else "none", quant.weight_bits if quant else None, what=f"engine dir {path}")
+        if verify:
+            check_engine_files(path, manifest)
         return cls(path=path, manifest=manifest)
 
     @property

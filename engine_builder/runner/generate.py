@@ -39,6 +39,7 @@ import numpy as np
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import run_beam_search
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
+from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, StepClock, Timings
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
@@ -50,8 +51,9 @@ class Generator:
     """Runs requests on one backend. One driver at a time (claim): the KV cache belongs to it."""
 
     def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int] = (),
-                 sampler: Sampler | None = None) -> None:
+                 sampler: Sampler | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.backend = backend
+        self.prefix_cache = prefix_cache  # reuse earlier prompts' full KV blocks (prefix_cache.py)
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
         self.sampler = sampler or Sampler()
@@ -164,9 +166,13 @@ class Generator:
         kv = self.backend.kv
         context = r.prompt_ids + r.token_ids
         start = kv.length(r.slot)
+        if start == 0 and not r.token_ids and self.prefix_cache is not None:
+            start = self.prefix_cache.load(r.prompt_ids, r.slot)  # cached blocks are copied, not computed
         end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
         logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
         kv.advance(r.slot, end - start)
+        if end == len(context) and not r.token_ids and self.prefix_cache is not None:
+            self.prefix_cache.store(r.prompt_ids, r.slot)
         if end == len(context):  # earlier chunks' logits predict prompt tokens we already have
             sample = self.sampler(logits, [r.sampling])
             self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)

@@ -22,6 +22,7 @@ from typing import Any
 from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
+from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import Sampler, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
@@ -93,11 +94,16 @@ class TokenStream:
 
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, verify: bool = True, prefix_cache: bool = False,
+                 prefix_cache_bytes: int = 256 << 20) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
-        onnxruntime intra-op threads (default: the physical cores this process may use)."""
-        self.engine = EngineDir.load(engine_dir)
+        onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
+        skips checking the files' sha256 against the manifest (trusted dirs, fastest start).
+        prefix_cache: keep the KV of prompts' full blocks (up to prefix_cache_bytes) and copy them into
+        later requests that start the same way, which then prefill only the rest (runner/prefix_cache.py);
+        onnxruntime backend only, and not for longrope models (their cached keys change past a length)."""
+        self.engine = EngineDir.load(engine_dir, verify=verify)
         self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
         self.backend, choice = open_backend(self.engine, backend, threads=threads)
         self.backend_name, self.backend_reason = choice.name, choice.reason
@@ -105,7 +111,10 @@ class LLM:
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None:
             eos.insert(0, self.tokenizer.eos_token_id)
-        self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed))
+        cache = None
+        if prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
+            cache = PrefixCache(self.backend.kv, budget_bytes=prefix_cache_bytes)
+        self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed), cache)
 
     # --- parameters and prompts -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from engine_builder.executor import Executor
 from engine_builder.server import openai_api, tgi
 from engine_builder.server.auth import ApiKeyMiddleware
+from engine_builder.server.body_limit import BodyLimitMiddleware
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.generation import ServerState
 from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
@@ -35,6 +36,8 @@ def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
         state.metrics.rejected.labels(str(status)).inc()
 
     install_error_handlers(app, on_error=count_rejected)
+    # outermost last: the key is checked first, then the body's size, before anything reads it
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=count_rejected)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=count_rejected)
     app.include_router(tgi.router)

@@ -1,7 +1,13 @@
-"""The server's limits, fixed at start-up: what `trtbuild serve` flags set, checked against the engine."""
+"""The server's limits, fixed at start-up: what `trtbuild serve` flags set, checked against the engine.
+
+Every limit bounds what one request can make the server do (read, tokenize, compute, send back), so
+hostile or careless input is refused at once with a status that names the limit (README "Limits and
+security" lists them with their flags).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine_builder.formats.build_config import Limits
@@ -10,6 +16,18 @@ from engine_builder.util.errors import InputError
 # Active generation requests (queued + running) the server accepts before it answers 429; a
 # queue well beyond the engine's KV slots only adds latency, never throughput.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+# A request body larger than this gets 413 before it is read: 1 MiB holds far more prompt text than
+# any engine's max_input_len (a 50 MB body once took 67 s and 13 GB to tokenize and refuse).
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+# Seconds from admission to the end of a request; then it is cancelled (its KV slot freed) and
+# answered 504, or its stream ends with a timeout event. Generous: long generations on a CPU are slow.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+# Alternatives per generated token (TGI top_n_tokens, OpenAI top_logprobs / logprobs): OpenAI's cap.
+# TGI's own default (--max-top-n-tokens 5) is lower; one cap for both APIs keeps them comparable.
+DEFAULT_MAX_TOP_LOGPROBS = 20
+# Stop sequences per request and characters per sequence: 4 is OpenAI's and TGI's limit.
+DEFAULT_MAX_STOP_SEQUENCES = 4
+DEFAULT_MAX_STOP_SEQUENCE_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -19,12 +37,41 @@ class ServerConfig:
     max_total_tokens: int  # prompt + generated tokens of one request
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
     api_key: str | None = None  # when set, every generation route needs `Authorization: Bearer <key>`
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size (413 above)
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S  # seconds per request (504 / timeout event)
+    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS  # top_n_tokens / top_logprobs / logprobs (422 above)
+    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # stop strings per request (422 above)
+    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS  # characters per stop string (422 above)
+
+    def __post_init__(self) -> None:
+        """The limits that do not depend on the engine (for_engine checks those that do)."""
+        if self.max_concurrent_requests < 1:
+            raise InputError(f"--max-concurrent-requests must be >= 1, got {self.max_concurrent_requests}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise InputError("--api-key is empty; give a non-empty key or leave the option out")
+        if not self.model_name.strip():
+            raise InputError("--model-name is empty; give a name clients will send as `model`")
+        if self.max_request_bytes < 1024:
+            raise InputError(f"--max-request-bytes must be >= 1024 (a chat request's JSON needs room), got "
+                             f"{self.max_request_bytes}")
+        if not (math.isfinite(self.request_timeout) and self.request_timeout > 0):
+            raise InputError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
+        for flag, value in (("--max-top-logprobs", self.max_top_logprobs),
+                            ("--max-stop-sequences", self.max_stop_sequences)):
+            if value < 0:
+                raise InputError(f"{flag} must be >= 0 (0 turns the feature off), got {value}")
+        if self.max_stop_sequence_chars < 1:
+            raise InputError(f"--max-stop-sequence-chars must be >= 1, got {self.max_stop_sequence_chars}")
 
     @classmethod
     def for_engine(cls, limits: Limits, model_name: str, *, max_input_tokens: int | None = None,
                    max_total_tokens: int | None = None,
                    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-                   api_key: str | None = None) -> ServerConfig:
+                   api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                   request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+                   max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
+                   max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
+                   max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_input = limits.max_input_len if max_input_tokens is None else max_input_tokens
@@ -36,10 +83,5 @@ class ServerConfig:
             raise InputError(f"--max-total-tokens {max_total} must be above --max-input-tokens {max_input} and at "
                              f"most {limits.max_seq_len} (the engine's max_seq_len); adjust it or rebuild the engine "
                              "with a larger --max-seq-len")
-        if max_concurrent_requests < 1:
-            raise InputError(f"--max-concurrent-requests must be >= 1, got {max_concurrent_requests}")
-        if api_key is not None and not api_key.strip():
-            raise InputError("--api-key is empty; give a non-empty key or leave the option out")
-        if not model_name.strip():
-            raise InputError("--model-name is empty; give a name clients will send as `model`")
-        return cls(model_name, max_input, max_total, max_concurrent_requests, api_key)
+        return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
+                   request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars)

@@ -10,16 +10,25 @@ of a request (normal, client gone, server stopping).
 
 A non-streaming request watches for its client leaving (request.is_disconnected) and cancels;
 a streaming one is cancelled by Starlette when the client disconnects (the response task is
-cancelled, and EventStream closes the request).
+cancelled, and EventStream closes the request). Either is counted as a disconnect, never as an error.
+
+Every request has a deadline (--request-timeout from admission): past it the request is cancelled
+(its KV slot freed) and ends like a failed one: 504, or the stream's timeout event. Every stream
+ends with its protocol's terminal event (TGI: the event with generated_text, or an error event;
+OpenAI: [DONE], after an error event when it failed), also when the server itself fails mid-stream.
+
+Tokenization and the chat template run in a worker thread: a huge prompt never holds the event
+loop, so /health and /metrics answer at once whatever the generation routes are doing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import StreamingResponse
@@ -30,11 +39,15 @@ from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.http_errors import (
+    CLIENT_CLOSED,
     GENERATION,
+    INTERNAL,
     OVERLOADED,
+    TIMEOUT,
     UNAVAILABLE,
     VALIDATION,
     ApiError,
+    ErrorKind,
     error_body,
     from_trtbuild_error,
 )
@@ -44,6 +57,9 @@ from engine_builder.util.errors import TrtbuildError
 # How often a non-streaming request checks that its client is still connected: a disconnect frees
 # the KV slot within this much time, at the cost of one receive() poll per interval.
 DISCONNECT_POLL_S = 0.25
+
+logger = logging.getLogger("trtbuild.server")
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,6 +71,12 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     active: int = 0  # admitted generation requests not yet closed
     token_texts: TokenTexts = field(init=False)
+    requests: set[ActiveRequest] = field(init=False, default_factory=set)  # the admitted ones, for shutdown
+
+    def cancel_all(self) -> None:
+        """End every admitted request as the server stops: each stream gets its terminal event."""
+        for active in list(self.requests):
+            active.cancel("shutdown")
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.executor, lambda: self.active)
@@ -80,6 +102,44 @@ class TokenTexts:
 def server_state(request: Request) -> ServerState:
     """FastAPI dependency: the state create_app put on the app."""
     return request.app.state.server
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread: tokenizing a large prompt (or a chat template) takes the event
+    loop's time otherwise, and /health with it (HF fast tokenizers release the GIL)."""
+    return await asyncio.to_thread(fn, *args)
+
+
+def check_capacity(state: ServerState) -> None:
+    """429 before any work on the request (tokenizing included) when the server is full."""
+    limit = state.config.max_concurrent_requests
+    if state.active >= limit:
+        raise ApiError(OVERLOADED, f"the server is busy: {state.active} requests are active "
+                                   f"(max_concurrent_requests {limit}); retry later")
+
+
+def check_top_logprobs(config: ServerConfig, value: int | None, field: str) -> None:
+    if value is not None and value > config.max_top_logprobs:
+        raise ApiError(VALIDATION, f"{field} must be at most {config.max_top_logprobs} (max_top_logprobs, "
+                                   f"--max-top-logprobs), got {value}")
+
+
+def check_stop(config: ServerConfig, stop: str | Sequence[str] | None) -> None:
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if len(stops) > config.max_stop_sequences:
+        raise ApiError(VALIDATION, f"stop has {len(stops)} sequences but this server takes at most "
+                                   f"{config.max_stop_sequences} (max_stop_sequences, --max-stop-sequences)")
+    for s in stops:
+        if len(s) > config.max_stop_sequence_chars:
+            raise ApiError(VALIDATION, f"a stop sequence has {len(s)} characters but this server takes at most "
+                                       f"{config.max_stop_sequence_chars} (max_stop_sequence_chars, "
+                                       "--max-stop-sequence-chars)")
+
+
+def clamp_top_k(state: ServerState, top_k: int | None) -> int | None:
+    """top_k at or above the vocabulary is "off"; clamped, as a huge value (2**63) would fail the batched
+    sampling step of every request decoded with it, not only its own."""
+    return top_k if top_k is None else min(top_k, state.executor.llm.backend.vocab_size)
 
 
 def max_new_tokens(state: ServerState, prompt_len: int, requested: int | None, default: int | None,
@@ -111,10 +171,7 @@ def admit(state: ServerState, prompt_ids: Sequence[int], params: SamplingParams,
           new_tokens_field: str) -> ActiveRequest:
     """Check the server's limits, then hand the request to the executor. Raises ApiError."""
     check_lengths(state.config, len(prompt_ids), params.max_new_tokens, new_tokens_field)
-    limit = state.config.max_concurrent_requests
-    if state.active >= limit:
-        raise ApiError(OVERLOADED, f"the server is busy: {state.active} requests are active "
-                                   f"(max_concurrent_requests {limit}); retry later")
+    check_capacity(state)  # again: other requests were admitted while this one was tokenized
     try:
         handle = state.executor.submit(prompt_ids, params)
     except TrtbuildError as exc:
@@ -122,29 +179,55 @@ def admit(state: ServerState, prompt_ids: Sequence[int], params: SamplingParams,
             raise ApiError(UNAVAILABLE, f"{exc}; this server cannot generate any more, restart it") from None
         raise from_trtbuild_error(exc) from None
     state.active += 1
-    return ActiveRequest(state, handle)
+    active = ActiveRequest(state, handle)
+    state.requests.add(active)
+    return active
 
 
 class ActiveRequest:
     def __init__(self, state: ServerState, handle: RequestHandle) -> None:
         self.state, self.handle = state, handle
-        self.finish_reason: str | None = None  # set by the final event
+        self.finish_reason: str | None = None  # set by the final event: stop, length, cancelled, error, timeout
         self.error: str | None = None
         self.completion_tokens = 0
+        self.cause: str | None = None  # why the server cancelled it: disconnect, timeout, shutdown
+        self.deadline = asyncio.get_running_loop().time() + state.config.request_timeout
         self._closed = False
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.handle.prompt_token_ids)
 
+    def cancel(self, cause: str) -> None:
+        self.cause = self.cause or cause
+        self.handle.cancel()
+
     async def events(self) -> AsyncIterator[TokenEvent]:
-        async for event in self.handle.aevents():
-            if event.token_id is not None:
-                self.completion_tokens += 1
-                self.state.metrics.rate.add()
-            if event.finished:
-                self.finish_reason, self.error = event.finish_reason, event.error
-            yield event
+        """The handle's events, ending at the request's deadline with a final "timeout" event (no token)."""
+        loop = asyncio.get_running_loop()
+        events = self.handle.aevents()
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(anext(events), max(0.0, self.deadline - loop.time()))
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    self.cancel("timeout")  # the executor frees the slot at its next step
+                    timeout = self.state.config.request_timeout
+                    event = TokenEvent(None, "", None, True, "timeout",
+                                       f"the request took longer than {timeout:g} s (request_timeout, "
+                                       "--request-timeout) and was cancelled; ask for fewer tokens or retry later")
+                if event.token_id is not None:
+                    self.completion_tokens += 1
+                    self.state.metrics.rate.add()
+                if event.finished:
+                    self.finish_reason, self.error = event.finish_reason, event.error
+                yield event
+                if event.finished:
+                    return
+        finally:
+            await events.aclose()
 
     async def output(self, request: Request) -> RequestOutput:
         """Wait for the end (non-streaming); cancel if the client goes away meanwhile."""
@@ -157,7 +240,7 @@ class ActiveRequest:
             while not task.done():
                 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
                 if not task.done() and await request.is_disconnected():
-                    self.handle.cancel()  # the final "cancelled" event then ends drain()
+                    self.cancel("disconnect")  # the final "cancelled" event then ends drain()
             task.result()
         finally:
             task.cancel()
@@ -166,19 +249,36 @@ class ActiveRequest:
         return self.handle.result()
 
     def raise_if_failed(self) -> None:
-        if self.finish_reason == "error":
-            raise ApiError(GENERATION, f"generation failed: {self.error}; retry, and report it if it persists")
-        if self.finish_reason == "cancelled":
-            raise ApiError(UNAVAILABLE, "the request was cancelled (the server is shutting down); retry later")
+        """The request's end as an error response; rejected=False: close() counted it already."""
+        kind, message = failure(self.finish_reason, self.error, self.cause)
+        if kind is not None:
+            raise ApiError(kind, message, rejected=False)
 
-    def close(self) -> None:
+    def close(self, disconnected: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
-        if self.finish_reason is None:
+        if disconnected:
+            self.cause = self.cause or "disconnect"
+        if self.finish_reason is None or not self.handle.finished:
             self.handle.cancel()
         self.state.active -= 1
-        self.state.metrics.observe_end(self.handle, self.finish_reason or "cancelled")
+        self.state.requests.discard(self)
+        reason = self.finish_reason or "cancelled"
+        self.state.metrics.observe_end(self.handle, reason, disconnected=self.cause == "disconnect")
+
+
+def failure(finish_reason: str | None, error: str | None, cause: str | None) -> tuple[ErrorKind | None, str]:
+    """How a request that did not finish normally is reported: (kind, message), or (None, "")."""
+    if finish_reason == "timeout":
+        return TIMEOUT, error or "the request timed out"
+    if finish_reason == "error":
+        return GENERATION, f"generation failed: {error}; retry, and report it if it persists"
+    if finish_reason == "cancelled" or finish_reason is None:
+        if cause == "disconnect":
+            return CLIENT_CLOSED, "the client closed the connection; the request was cancelled"
+        return UNAVAILABLE, "the request was cancelled (the server is shutting down); retry later"
+    return None, ""
 
 
 def sse(data: Mapping[str, Any] | str) -> str:
@@ -187,25 +287,40 @@ def sse(data: Mapping[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-def failed_sse(openai: bool, error: str | None) -> str:
-    """The SSE error event that ends a stream whose request failed (ERROR) or was cancelled (None)."""
-    message = error or "the request was cancelled (the server is shutting down)"
-    return sse(error_body(openai, GENERATION, f"generation failed: {message}"))
+def failed_sse(openai: bool, active: ActiveRequest) -> str:
+    """The SSE error event that ends a stream whose request failed, timed out or was cancelled."""
+    kind, message = failure(active.finish_reason, active.error, active.cause)
+    return sse(error_body(openai, kind or GENERATION, message))
 
 
 class EventStream(StreamingResponse):
-    """An SSE response that closes its request however the response ends: finished, client gone
-    (Starlette cancels the body on http.disconnect), or never started at all."""
+    """An SSE response that always ends with its protocol's terminal event (`openai`: an error event
+    and [DONE]; TGI: an error event) when its body fails, and closes its request however the response
+    ends: finished, client gone (Starlette cancels the body on http.disconnect), or never started."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, body: AsyncIterator[str], on_close: Callable[[bool], None], openai: bool) -> None:
         # no-cache / no buffering: proxies must pass each token on as it is written
-        super().__init__(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(self._guarded(body, openai), headers={"Cache-Control": "no-cache",
+                                                                "X-Accel-Buffering": "no"})
         self._on_close = on_close
+        self._ended = False  # the body ran to its end: the client got the terminal event
+
+    async def _guarded(self, body: AsyncIterator[str], openai: bool) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk.encode("utf-8")
+        except Exception:  # a bug: logged with its traceback, the client gets one line and the terminal event
+            logger.exception("a stream failed")
+            yield sse(error_body(openai, INTERNAL, "internal server error (logged by the server); retry, and "
+                                                   "report it if it persists")).encode()
+            if openai:
+                yield sse("[DONE]").encode()
+        self._ended = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()
+            self._on_close(not self._ended)

@@ -5,7 +5,12 @@
     other routes TGI:    {"error": "...", "error_type": "validation" | "overloaded" | ...}
                  (huggingface_hub maps error_type to ValidationError / OverloadedError ...)
 
-Every error says what to do next, on one line, like the CLI's.
+Every error says what to do next, on one line, like the CLI's, and never carries a traceback (an
+unexpected exception is logged by the server and answered with a generic 500). Statuses: 401 no or
+wrong key, 404 unknown model or route, 413 body over --max-request-bytes, 422 anything wrong with the
+request itself (malformed or non-UTF-8 JSON, bad fields, limits), 429 over --max-concurrent-requests,
+500 generation failed, 503 the server cannot generate (stopped), 504 over --request-timeout. 429 and
+503 carry Retry-After.
 """
 
 from __future__ import annotations
@@ -35,14 +40,36 @@ OVERLOADED = ErrorKind(429, "overloaded", "rate_limit_error", "too_many_requests
 UNAUTHORIZED = ErrorKind(401, "authentication", "authentication_error", "invalid_api_key")
 NOT_FOUND = ErrorKind(404, "not_found", "invalid_request_error", "not_found")
 MODEL_NOT_FOUND = ErrorKind(404, "not_found", "invalid_request_error", "model_not_found")
+TOO_LARGE = ErrorKind(413, "validation", "invalid_request_error", "request_too_large")
 GENERATION = ErrorKind(500, "generation", "server_error", "generation_failed")
+INTERNAL = ErrorKind(500, "generation", "server_error", "internal_error")
 UNAVAILABLE = ErrorKind(503, "unhealthy", "server_error", "unavailable")
+# huggingface_hub raises IncompleteGenerationError for TGI's "incomplete_generation"
+TIMEOUT = ErrorKind(504, "incomplete_generation", "server_error", "request_timeout")
+# nginx's "client closed request": the answer to a request whose client left (nobody reads it)
+CLIENT_CLOSED = ErrorKind(499, "cancelled", "invalid_request_error", "client_closed_request")
+
+# Retry-After (seconds) on the statuses a client should retry: busy (429) and stopped/stopping (503)
+RETRY_AFTER_S = {OVERLOADED.status: 1, UNAVAILABLE.status: 5}
 
 
 class ApiError(Exception):
-    def __init__(self, kind: ErrorKind, message: str, headers: dict[str, str] | None = None) -> None:
+    """rejected: a refusal before generation (counted in trtbuild_requests_rejected_total); False for
+    the end of an admitted request, already counted by its finish reason."""
+
+    def __init__(self, kind: ErrorKind, message: str, headers: dict[str, str] | None = None,
+                 rejected: bool = True) -> None:
         super().__init__(message)
-        self.kind, self.message, self.headers = kind, message, headers
+        self.kind, self.message, self.headers, self.rejected = kind, message, headers, rejected
+
+
+class RequestTooLarge(HTTPException):
+    """Raised by the body limit from receive(): an HTTPException, because FastAPI turns any other
+    exception met while reading the body into a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(TOO_LARGE.status, f"the request body is larger than {limit} bytes (max_request_bytes, "
+                                           "--max-request-bytes); send a shorter prompt")
 
 
 def is_openai_route(path: str) -> bool:
@@ -59,7 +86,24 @@ def error_body(openai: bool, kind: ErrorKind, message: str) -> dict[str, Any]:
 def error_response(request: Request, kind: ErrorKind, message: str,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = error_body(is_openai_route(request.url.path), kind, message)
-    return JSONResponse(body, status_code=kind.status, headers=headers)
+    return JSONResponse(body, status_code=kind.status, headers=with_retry_after(kind, headers))
+
+
+def with_retry_after(kind: ErrorKind, headers: dict[str, str] | None) -> dict[str, str] | None:
+    if kind.status not in RETRY_AFTER_S or (headers and "Retry-After" in headers):
+        return headers
+    return {**(headers or {}), "Retry-After": str(RETRY_AFTER_S[kind.status])}
+
+
+def body_parse_message(exc: BaseException | None) -> str:
+    """Why FastAPI could not parse a body it reports only as "There was an error parsing the body"
+    (a 400 that our API documents as 422): the cause it chained."""
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"the body is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                "send JSON encoded as UTF-8")
+    if isinstance(exc, RecursionError):
+        return "the body's JSON is nested too deeply; send a flat JSON object"
+    return "the body could not be parsed as JSON; send one JSON object encoded as UTF-8"
 
 
 def from_trtbuild_error(exc: TrtbuildError) -> ApiError:
@@ -79,6 +123,8 @@ def validation_message(exc: RequestValidationError) -> str:
             parts.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
         elif err.get("type") == "missing" and not loc:
             parts.append("the body is empty; send a JSON object")
+        elif err.get("type") in ("model_type", "model_attributes_type", "dict_type") and not loc:
+            parts.append("the body must be a JSON object, sent with Content-Type: application/json")
         else:
             parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts[:5]) + ("; ..." if len(parts) > 5 else "") + " (see the API docs at /docs)"
@@ -89,7 +135,8 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        on_error(exc.kind.status)
+        if exc.rejected:
+            on_error(exc.kind.status)
         return error_response(request, exc.kind, exc.message, exc.headers)
 
     @app.exception_handler(TrtbuildError)
@@ -106,10 +153,22 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # Starlette's own 404 (unknown route) and 405 (wrong method), in the route's protocol shape
+        # Starlette's own 404 (unknown route) and 405 (wrong method), the body limit's 413, and FastAPI's
+        # 400 for a body it could not parse (a non-UTF-8 body, too deep JSON): 422 with the reason, as
+        # for malformed JSON
+        if exc.status_code == 400:
+            on_error(VALIDATION.status)
+            return error_response(request, VALIDATION, body_parse_message(exc.__cause__))
         on_error(exc.status_code)
-        kind = NOT_FOUND if exc.status_code == 404 else ErrorKind(exc.status_code, "validation",
-                                                                  "invalid_request_error", "invalid_request")
+        kind = {404: NOT_FOUND, 413: TOO_LARGE}.get(exc.status_code) or ErrorKind(
+            exc.status_code, "validation", "invalid_request_error", "invalid_request")
         message = (f"no route {request.method} {request.url.path}; see /docs for the endpoints"
                    if exc.status_code in (404, 405) else str(exc.detail))
         return error_response(request, kind, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # a bug: the traceback goes to the server log (Starlette re-raises after this), never to the client
+        on_error(INTERNAL.status)
+        return error_response(request, INTERNAL, "internal server error (logged by the server); retry, and "
+                                                 "report it if it persists")

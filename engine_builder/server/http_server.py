@@ -5,9 +5,10 @@ Start-up checks everything a user can get wrong (port taken, limits above the en
 
 Shutdown, on SIGINT or SIGTERM (uvicorn's own sequence, then ours):
   1. stop accepting connections; idle keep-alive connections are closed
-  2. in-flight requests run to their end, for at most shutdown_timeout seconds; then uvicorn
-     cancels their tasks, and each cancelled request cancels its executor request (EventStream /
-     ActiveRequest.close), which frees its KV slot
+  2. in-flight requests run to their end, for at most shutdown_timeout seconds; then each is
+     cancelled (ServerState.cancel_all), which frees its KV slot and ends it the way a failed request
+     ends: 503, or its stream's terminal event ([DONE] on OpenAI routes); uvicorn cancels whatever
+     task is still left SHUTDOWN_GRACE_S later
   3. executor.shutdown (nothing is left to drain by then), the backend is closed, return
 uvicorn re-raises the signal it caught once it is done, so the process would die by it (exit 130
 or -15) after a clean shutdown; both signals are ignored while serve() runs instead, and the
@@ -23,19 +24,37 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine_builder.server.config import DEFAULT_MAX_CONCURRENT_REQUESTS, ServerConfig
+from engine_builder.server.config import (
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    DEFAULT_MAX_STOP_SEQUENCES,
+    DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ServerConfig,
+)
 from engine_builder.util.errors import InputError
 
+if TYPE_CHECKING:
+    from engine_builder.server.generation import ServerState
+
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+# After the shutdown timeout cancels the requests, the time their responses get to send their last
+# event before uvicorn cancels the tasks outright
+SHUTDOWN_GRACE_S = 5.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int | None = None,
           max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS, max_input_tokens: int | None = None,
           max_total_tokens: int | None = None, api_key: str | None = None, model_name: str | None = None,
-          backend: str = "auto", threads: int | None = None,
+          backend: str = "auto", threads: int | None = None, prefix_cache: bool = False,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+          max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
+          max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits)."""
@@ -51,7 +70,10 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     name = model_name if model_name is not None else Path(engine_dir).resolve().name
     config = ServerConfig.for_engine(engine.limits, name, max_input_tokens=max_input_tokens,
                                      max_total_tokens=max_total_tokens,
-                                     max_concurrent_requests=max_concurrent_requests, api_key=api_key)
+                                     max_concurrent_requests=max_concurrent_requests, api_key=api_key,
+                                     max_request_bytes=max_request_bytes, request_timeout=request_timeout,
+                                     max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
+                                     max_stop_sequence_chars=max_stop_sequence_chars)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
@@ -60,13 +82,15 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     from engine_builder.runner.llm import LLM
     from engine_builder.server.asgi_app import create_app
 
-    with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads) as llm:
+    with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads,
+                                                  prefix_cache=prefix_cache) as llm:
         executor = Executor(llm, scheduler)
         try:
             if log is not None:
                 log(f"{name}: {llm.backend_name} ({llm.backend_reason}); max batch {batch}, max input tokens "
                     f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
-                    f"requests {config.max_concurrent_requests}{', API key required' if api_key else ''}")
+                    f"requests {config.max_concurrent_requests}, max request bytes {config.max_request_bytes}, "
+                    f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}")
             app = create_app(executor, config)
             with _signals_ignored_after_uvicorn():
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
@@ -109,8 +133,8 @@ async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float
     # lifespan off: the executor's life is serve()'s; access log off: a line per token-stream
     # request costs more than it tells on a busy server (/metrics counts them)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=shutdown_timeout)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)
+    server = _uvicorn_server(config, app.state.server, shutdown_timeout)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
@@ -118,6 +142,22 @@ async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float
         on_ready(url_of(sock))
         sys.stdout.flush()
     await task
+
+
+def _uvicorn_server(config: object, state: ServerState, shutdown_timeout: float) -> object:
+    """uvicorn.Server that cancels the requests still running shutdown_timeout seconds into a shutdown,
+    so each ends with its terminal event instead of a cut connection (uvicorn cancels tasks outright)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            timer = asyncio.get_running_loop().call_later(shutdown_timeout, state.cancel_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return Server(config)
 
 
 @contextlib.contextmanager

@@ -80,9 +80,12 @@ class ServerMetrics:
         self.rate = TokenRate()
         r = self.registry
         self.requests = Counter("trtbuild_requests", "Generation requests that ended, by finish reason "
-                                "(stop, length, cancelled, error).", ["finish_reason"], registry=r)
+                                "(stop, length, cancelled, error, timeout).", ["finish_reason"], registry=r)
         self.rejected = Counter("trtbuild_requests_rejected", "Requests refused before generation, by HTTP status.",
                                 ["status"], registry=r)
+        self.disconnects = Counter("trtbuild_client_disconnects", "Requests whose client went away before their "
+                                   "end (each also ends as finish_reason cancelled; never counted as an error).",
+                                   registry=r)
         self.ttft = Histogram("trtbuild_time_to_first_token_seconds", "Arrival to first generated token "
                               "(queueing + prefill).", buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("trtbuild_inter_token_latency_seconds", "Time between consecutive tokens of a request.",
@@ -91,8 +94,10 @@ class ServerMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         r.register(_LiveCollector(executor, self.rate, active))
 
-    def observe_end(self, handle: RequestHandle, finish_reason: str) -> None:
+    def observe_end(self, handle: RequestHandle, finish_reason: str, disconnected: bool = False) -> None:
         self.requests.labels(finish_reason).inc()
+        if disconnected:
+            self.disconnects.inc()
         times = list(handle.token_times)  # a copy: the executor thread may still append on a cancel
         if handle.first_token_time is not None:
             self.ttft.observe(handle.first_token_time - handle.arrival_time)

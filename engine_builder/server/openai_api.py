@@ -27,8 +27,13 @@ from engine_builder.server.generation import (
     EventStream,
     ServerState,
     admit,
+    check_capacity,
+    check_stop,
+    check_top_logprobs,
+    clamp_top_k,
     failed_sse,
     max_new_tokens,
+    off_loop,
     server_state,
     sse,
 )
@@ -48,12 +53,13 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
         raise ApiError(VALIDATION, f"n must be 1 on this server, got {body.n}; send one request per choice")
     if body.stream_options is not None and not body.stream:
         raise ApiError(VALIDATION, "stream_options is only allowed with stream: true")
+    check_stop(state.config, body.stop)
 
 
 def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
     # stop: a string or a list, as OpenAI allows; SamplingParams takes both
     return state.executor.llm.default_params(
-        max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs)
 
@@ -84,8 +90,8 @@ def _stream(active: ActiveRequest, body: SamplingFields, make: Callable[..., dic
         if first is not None:
             yield sse(make(choices=[first], **extra))
         async for event in active.events():
-            if event.token_id is None:  # cancelled or failed
-                yield failed_sse(True, event.error)
+            if event.token_id is None:  # cancelled, failed or timed out
+                yield failed_sse(True, active)
                 yield sse("[DONE]")
                 return
             yield sse(make(choices=[choice(event.text, event.logprob, event.finish_reason)], **extra))
@@ -93,18 +99,23 @@ def _stream(active: ActiveRequest, body: SamplingFields, make: Callable[..., dic
             yield sse(make(choices=[], usage=_usage(active)))
         yield sse("[DONE]")
 
-    return EventStream(chunks(), on_close=active.close)
+    return EventStream(chunks(), on_close=active.close, openai=True)
 
 
 # --- /v1/completions ------------------------------------------------------------------------------
 
-def _completion_prompt(state: ServerState, prompt: str | list[str] | list[int]) -> tuple[str | None, list[int]]:
+async def _completion_prompt(state: ServerState,
+                             prompt: str | list[str] | list[int]) -> tuple[str | None, list[int]]:
     if isinstance(prompt, str):
-        return prompt, state.executor.llm.encode(prompt)
+        return prompt, await off_loop(state.executor.llm.encode, prompt)
     if prompt and all(isinstance(p, int) for p in prompt):
+        vocab = state.executor.llm.backend.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:  # checked here: a negative id fails deep in the detokenizer otherwise (a 500)
+            raise ApiError(VALIDATION, f"prompt token ids must be in [0, {vocab}), got {bad}")
         return None, list(prompt)
     if len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0], state.executor.llm.encode(prompt[0])
+        return prompt[0], await off_loop(state.executor.llm.encode, prompt[0])
     raise ApiError(VALIDATION, "prompt must be one prompt: a string, a list of one string, or a list of token ids; "
                                "send one request per prompt")
 
@@ -129,11 +140,16 @@ class _CompletionLogprobs:
 @router.post("/completions", summary="Text completion (OpenAI)")
 async def completions(request: Request, body: CompletionRequest, state: ServerState = Depends(server_state)) -> Any:
     _check_request(state, body)
-    text, ids = _completion_prompt(state, body.prompt)
+    check_top_logprobs(state.config, body.logprobs, "logprobs")
+    check_capacity(state)
+    text, ids = await _completion_prompt(state, body.prompt)
     new_tokens = max_new_tokens(state, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens")
-    active = admit(state, ids, _sampling(state, body, new_tokens, body.logprobs), "max_tokens")
+    params = _sampling(state, body, new_tokens, body.logprobs)
+    echo = (text if text is not None else await off_loop(state.executor.llm.tokenizer.decode, ids)) if body.echo \
+        else ""
+    # no await from here to the response: an admitted request is always closed by it (or by output())
+    active = admit(state, ids, params, "max_tokens")
     make = _envelope("text_completion", state.config.model_name)
-    echo = (text if text is not None else state.executor.llm.tokenizer.decode(ids)) if body.echo else ""
     logprobs = _CompletionLogprobs(state, len(echo)) if body.logprobs is not None else None
 
     def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
@@ -168,8 +184,10 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
         raise ApiError(VALIDATION, "give max_completion_tokens or max_tokens, not both")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(VALIDATION, "top_logprobs needs logprobs: true")
+    check_top_logprobs(state.config, body.top_logprobs, "top_logprobs")
+    check_capacity(state)
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    ids = state.executor.llm.encode_chat(messages)
+    ids = await off_loop(state.executor.llm.encode_chat, messages)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)

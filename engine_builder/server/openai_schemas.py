@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine_builder.server.schema_types import Text
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -21,17 +23,17 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
+    model: Text | None = None
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    user: str | None = None  # an end-user id for abuse tracking upstream: accepted, unused
+    user: Text | None = None  # an end-user id for abuse tracking upstream: accepted, unused
     # extensions (vLLM's names)
     top_k: int | None = None
     min_p: float | None = None
@@ -39,10 +41,10 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] = Field(description="one prompt: text, [text] or token ids")
+    prompt: Text | list[Text] | list[int] = Field(description="one prompt: text, [text] or token ids")
     max_tokens: int | None = None
-    logprobs: int | None = Field(None, ge=0, le=20, description="the sampled token's logprob + this many "
-                                                                "alternatives")
+    logprobs: int | None = Field(None, ge=0, description="the sampled token's logprob + this many alternatives "
+                                                         "(at most the server's --max-top-logprobs, 20 by default)")
     echo: bool = False
 
 
@@ -50,15 +52,15 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -71,4 +73,5 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens; both work
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, description="alternatives per token (at most the server's "
+                                                             "--max-top-logprobs, 20 by default)")

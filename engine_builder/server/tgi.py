@@ -29,12 +29,18 @@ from engine_builder.server.generation import (
     EventStream,
     ServerState,
     admit,
+    check_capacity,
+    check_stop,
+    check_top_logprobs,
+    clamp_top_k,
     failed_sse,
     max_new_tokens,
+    off_loop,
     server_state,
     sse,
 )
 from engine_builder.server.http_errors import VALIDATION, ApiError
+from engine_builder.server.schema_types import Text
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 
@@ -51,11 +57,12 @@ class TgiParameters(BaseModel):
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
+    stop: list[Text] = Field(default_factory=list)
     details: bool = False
     do_sample: bool = False
     return_full_text: bool | None = None
-    top_n_tokens: int | None = None
+    top_n_tokens: int | None = Field(None, ge=0, description="alternatives per token (at most the server's "
+                                                             "--max-top-logprobs, 20 by default)")
     truncate: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
     decoder_input_details: bool = False
     # TGI features this server does not have: accepted in the schema, refused unless neutral
@@ -63,13 +70,13 @@ class TgiParameters(BaseModel):
     typical_p: float | None = None
     watermark: bool = False
     grammar: dict[str, Any] | None = None
-    adapter_id: str | None = None
+    adapter_id: Text | None = None
 
 
 class TgiRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    inputs: str
+    inputs: Text
     parameters: TgiParameters = Field(default_factory=TgiParameters)
     stream: bool = False  # only read by POST /
 
@@ -91,15 +98,19 @@ def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: boo
         max_new_tokens=max_new_tokens(state, prompt_len, p.max_new_tokens, TGI_DEFAULT_MAX_NEW_TOKENS,
                                       "max_new_tokens"),
         temperature=(1.0 if p.temperature is None else p.temperature) if sample else 0.0,
-        top_k=p.top_k or 0, top_p=1.0 if p.top_p is None else p.top_p,  # TGI's neutral values, not the model's
+        # TGI's neutral values, not the model's
+        top_k=clamp_top_k(state, p.top_k or 0), top_p=1.0 if p.top_p is None else p.top_p,
         repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty, seed=seed,
         stop=p.stop, logprobs=(p.top_n_tokens or 0) if want_logprobs else None)
 
 
-def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
+async def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
     p = body.parameters
     _refuse_unsupported(p)
-    ids = state.executor.llm.encode(body.inputs)
+    check_top_logprobs(state.config, p.top_n_tokens, "top_n_tokens")
+    check_stop(state.config, p.stop)
+    check_capacity(state)
+    ids = await off_loop(state.executor.llm.encode, body.inputs)
     if p.truncate is not None:
         ids = ids[-p.truncate:]
     params = _sampling(state, p, len(ids), stream)
@@ -126,7 +137,7 @@ def _generated_text(body: TgiRequest, text: str) -> str:
 
 
 async def _generate(request: Request, body: TgiRequest, state: ServerState) -> dict[str, Any]:
-    active = _start(state, body, stream=False)
+    active = await _start(state, body, stream=False)
     out = await active.output(request)
     result: dict[str, Any] = {"generated_text": _generated_text(body, out.text)}
     p = body.parameters
@@ -142,14 +153,14 @@ async def _generate(request: Request, body: TgiRequest, state: ServerState) -> d
     return result
 
 
-def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
-    active = _start(state, body, stream=True)
+async def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
+    active = await _start(state, body, stream=True)
 
     async def events() -> AsyncIterator[str]:
         index = 0
         async for event in active.events():
-            if event.token_id is None:  # cancelled or failed: TGI's error event ends the stream
-                yield failed_sse(False, event.error)
+            if event.token_id is None:  # cancelled, failed or timed out: TGI's error event ends the stream
+                yield failed_sse(False, active)
                 return
             index += 1
             lp = event.logprob
@@ -164,7 +175,7 @@ def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
                                     "seed": active.handle.params.seed, "input_length": active.prompt_tokens}
             yield sse(chunk)
 
-    return EventStream(events(), on_close=active.close)
+    return EventStream(events(), on_close=active.close, openai=False)
 
 
 @router.post("/generate", summary="Generate text (TGI)")
@@ -174,12 +185,12 @@ async def generate(request: Request, body: TgiRequest, state: ServerState = Depe
 
 @router.post("/generate_stream", summary="Generate text, streamed as server-sent events (TGI)")
 async def generate_stream(body: TgiRequest, state: ServerState = Depends(server_state)) -> EventStream:
-    return _generate_stream(body, state)
+    return await _generate_stream(body, state)
 
 
 @router.post("/", summary="TGI's compat route: /generate or /generate_stream, by the body's `stream`")
 async def compat_generate(request: Request, body: TgiRequest,
                           state: ServerState = Depends(server_state)) -> Any:
     if body.stream:
-        return _generate_stream(body, state)
+        return await _generate_stream(body, state)
     return await _generate(request, body, state)

@@ -6,12 +6,21 @@ the engine unless a CUDA driver is present.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +113,9 @@ class EngineParseError(UnsupportedError):
         super().__init__(message)
         self.issues = issues
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from the build process
+        return type(self), (str(self), self.issues), self.__dict__
+
 
 class BuildCancelled(TrtbuildError):
     """The progress callback asked to stop."""
@@ -116,13 +128,82 @@ class EngineBuildError(UnsupportedError):
         super().__init__(message)
         self.log = log
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from the build process
+        return type(self), (str(self), self.log), self.__dict__
+
 
 def build_engine(onnx_path: Path, out_path: Path, options: TrtBuildOptions = TrtBuildOptions(),
                  progress: ProgressCallback | None = None) -> TrtBuildReport:
-    """Parse `onnx_path` (external data resolves beside it), build, write `out_path` atomically."""
+    """Parse `onnx_path` (external data resolves beside it), build, write `out_path` atomically.
+
+    The build runs in a child process: TensorRT holds the GIL for the whole build, so a signal
+    would reach Python only at its next progress callback (tens of seconds apart). Here Ctrl-C or
+    SIGTERM (as KeyboardInterrupt) stops the wait at once; the child is killed and leaves no file.
+    PROGRESS still hears every event, and returning False from it cancels the build."""
     onnx_path, out_path = Path(onnx_path), Path(out_path)
     if not onnx_path.is_file():
         raise InputError(f"{onnx_path} does not exist; export the network first")
+    parent_end, child_end = socket.socketpair()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, json.dumps(sys.path), str(child_end.fileno())],
+        pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    child_end.close()
+    conn = Connection(parent_end.detach())
+    try:
+        conn.send((onnx_path, out_path, options))
+        while True:
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                raise EngineBuildError(f"the TensorRT build process ended without a result (exit code "
+                                       f"{child.wait()}); rerun with --debug", []) from None
+            if kind == "progress":
+                conn.send(_notify(progress, payload))
+            elif kind == "report":
+                return payload
+            else:
+                error, child_traceback = payload
+                error.add_note(f"in the TensorRT build process:\n{child_traceback}")
+                raise error
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        conn.close()
+        out_path.with_name(f".{out_path.name}.{child.pid}.tmp").unlink(missing_ok=True)
+
+
+_PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+
+# the child: ignores Ctrl-C (the parent decides), builds, sends progress events (waiting for the
+# answer), then the report or the error
+_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+          "from engine_builder.trt.engine_build import _child_main; _child_main(int(sys.argv[2]))")
+
+
+def _child_main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":  # the parent killed outright (SIGKILL, OOM killer): the build dies with it
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    conn = Connection(fd)
+    onnx_path, out_path, options = conn.recv()
+
+    def relay(event: BuildProgress) -> bool:
+        conn.send(("progress", event))
+        return bool(conn.recv())  # the parent gone: EOFError cancels the build
+
+    try:
+        conn.send(("report", _build_here(onnx_path, out_path, options, relay)))
+    except BaseException as exc:  # noqa: BLE001 -- every failure goes to the parent, which raises it
+        try:
+            conn.send(("error", (exc, traceback.format_exc())))
+        except Exception:  # noqa: BLE001 -- an exception that does not pickle, or the parent is gone
+            with contextlib.suppress(OSError):
+                conn.send(("error", (EngineBuildError(f"{type(exc).__name__}: {exc}", []), traceback.format_exc())))
+
+
+def _build_here(onnx_path: Path, out_path: Path, options: TrtBuildOptions,
+                progress: ProgressCallback | None) -> TrtBuildReport:
     trt = trt_compat.load_trt(options.flavour)
     peak = PeakRss()
     logger = trt_compat.make_logger(trt)

@@ -39,10 +39,17 @@ def read_text_file(path: Path, what: str, flag: str) -> TextFile:
                          f"to use the shipped text")
     try:
         data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path} ({exc.strerror or exc}); pass a readable UTF-8 .txt or .jsonl "
+                         f"file to {flag}, or leave it out to use the shipped text") from None
+    try:
         raw = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {what} {path} ({exc}); pass a readable UTF-8 .txt or .jsonl file to "
-                         f"{flag}, or leave it out to use the shipped text") from None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        fixed = f"{path.stem}.utf8{path.suffix}"
+        raise InputError(f"{what} {path} is not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}, line "
+                         f"{line}); convert it (e.g. `iconv -f latin1 -t utf-8 {path.name} > {fixed}`) and pass that "
+                         f"to {flag}") from None
     text = _jsonl_text(path, raw, what) if path.suffix.lower() == ".jsonl" else raw
     if not text.strip():
         raise InputError(f"{what} {path} is empty; pass a file with at least a few hundred words of text to "
@@ -63,5 +70,10 @@ def _jsonl_text(path: Path, raw: str, what: str) -> str:
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise InputError(f"{path} line {number} has no string \"text\" field; each line of a .jsonl {what} "
                              f"file must look like {{\"text\": \"...\"}}")
+        try:  # a JSON escape ("\\udc80") can smuggle in a lone surrogate, which no tokenizer takes
+            record["text"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{path} line {number} has a \"text\" with a lone surrogate escape (\\ud800-\\udfff), "
+                             f"which is not text; fix that line of the {what} file") from None
         docs.append(record["text"])
     return DOC_SEPARATOR.join(docs)

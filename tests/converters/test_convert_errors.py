@@ -111,6 +111,12 @@ def test_out_exists_needs_force(tiny_model_dir, tmp_path):
     proc = run_convert(tiny_model_dir("llama"), out)
     assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
     assert (out / "keep.txt").read_text() == "mine"
+    # --force replaces only a previous checkpoint (issue 15): a dir of other files is refused and kept
+    cli_process.assert_user_error(run_convert(tiny_model_dir("llama"), out, "--force"), "not a previous output")
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()  # an empty dir is nothing to lose
+    assert run_convert(tiny_model_dir("llama"), out, "--force").returncode == 0
+    (out / "keep.txt").write_text("inside a checkpoint")
     proc = run_convert(tiny_model_dir("llama"), out, "--force")
     assert proc.returncode == 0, proc.stderr
     assert not (out / "keep.txt").exists() and (out / "rank0.safetensors").is_file()

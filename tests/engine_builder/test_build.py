@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,12 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
     assert m["cost"]["build_seconds"] > 0 and isinstance(m["cost"]["peak_rss_bytes"], int)
     assert {"model.onnx", "model.trt.onnx", "rank0.engine", "rank0.safetensors", "generation_config.json"} <= {
         f.name for f in out.iterdir()}
-    # weights are linked, not copied
-    assert (out / "rank0.safetensors").stat().st_ino == (checkpoint_dir("qwen3") / "rank0.safetensors").stat().st_ino
+    # the engine's own weights (a reflink or a copy): editing the checkpoint cannot reach them
+    assert not os.path.samefile(out / "rank0.safetensors", checkpoint_dir("qwen3") / "rank0.safetensors")
+    recorded = {f["name"]: f for f in m["files"]}  # what every load checks (tests/runner/test_engine_integrity.py)
+    assert {"model.onnx", "model.trt.onnx", "rank0.engine", "rank0.safetensors"} <= set(recorded)
+    assert recorded["rank0.engine"]["size"] == (out / "rank0.engine").stat().st_size
+    assert recorded["model.onnx"]["sha256"] == m["graph_hashes"]["onnxruntime"]
 
 
 def test_inspect_verdict_here_is_no_gpu(checkpoint_dir, tmp_path):

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 
 from engine_builder.network import IR_VERSION, OPSET, NetworkOptions, build_decoder, write_onnx
 from engine_builder.network import weights as weights_module
-from engine_builder.util.errors import ConfigError, InputError, UnsupportedError
+from engine_builder.util.errors import ConfigError, InputError
 
 # what a generic exporter emits; fused ops (RMSNormalization, RotaryEmbedding, Attention,
 # TensorScatter, com.microsoft.*) are for the rewrite passes to introduce
@@ -166,8 +166,8 @@ def test_errors_say_what_to_do(checkpoint_dir, tmp_path):
     with pytest.raises(InputError, match="layers.0.attn.o.bias"):
         build_decoder(missing, NetworkOptions())
     quantized = _edited_checkpoint(ckpt, tmp_path / "q", lambda c: c.update(quantization={"scheme": "int4"}))
-    with pytest.raises(UnsupportedError, match="quantized"):
-        write_onnx(quantized, tmp_path / "out", NetworkOptions())
+    with pytest.raises(ConfigError, match="scheme: expected one of .*'int4_wo'.*got 'int4'"):
+        write_onnx(quantized, tmp_path / "out", NetworkOptions())  # refused as the config is read
     assert not (tmp_path / "out").exists()
 
 

@@ -21,6 +21,11 @@ def serve(*args):
     (("--backend", "cuda"), ("backend 'cuda'",)),
     (("--api-key", " "), ("--api-key is empty",)),
     (("--port", "70000"), ("--port must be in [0, 65535]",)),
+    (("--max-request-bytes", "10"), ("--max-request-bytes must be >= 1024",)),
+    (("--request-timeout", "0"), ("--request-timeout must be a number of seconds > 0",)),
+    (("--max-top-logprobs", "-1"), ("--max-top-logprobs must be >= 0",)),
+    (("--max-stop-sequences", "-1"), ("--max-stop-sequences must be >= 0",)),
+    (("--max-stop-sequence-chars", "0"), ("--max-stop-sequence-chars must be >= 1",)),
 ])
 def test_bad_flags_fail_in_one_line(smollm2_engine, flags, needles):
     r = serve(smollm2_engine, *flags)

@@ -132,8 +132,9 @@ def test_over_max_concurrent_requests_is_429(server):
         assert stream.status_code == 200
         events = sse_data(stream.iter_lines())  # held: a dropped iterator would close the connection
         next(events)  # admitted and generating
-        assert_openai_error(post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}), 429,
-                            "max_concurrent_requests 1")
+        r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        assert_openai_error(r, 429, "max_concurrent_requests 1")
+        assert r.headers["retry-after"] == "1"
         assert_tgi_error(post(server, "/generate", {"inputs": "Hi"}), 429, "overloaded", "retry later")
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
         with pytest.raises(openai.RateLimitError):

@@ -1,0 +1,158 @@
+"""Soak of `trtbuild serve` under hostile traffic: valid clients beside clients sending oversized, malformed
+and abandoned requests, for a fixed time.
+
+    .venv/bin/python benchmarks/serve_soak.py [--minutes 10] [--valid-clients 4] [--hostile-clients 12]
+                                              [--baseline-minutes 1] [--work build/bench-serve] [--json]
+
+SmolLM2-135M-Instruct fp32 on the onnxruntime twin (decode.py's engine build, 8 KV slots), one
+`trtbuild serve` subprocess on 127.0.0.1. Valid requests are /v1/completions or TGI /generate, short
+prompts, 8-32 tokens, greedy. Hostile requests are drawn at random:
+
+    streamed, cut   a streaming request the client closes after its first chunk
+    oversized       a 4 MiB body (over the default 1 MiB limit): 413 expected
+    huge top_n      top_logprobs 10**6: 422 expected
+    malformed       broken JSON, a non-UTF-8 body, a wrong field type: 422 expected
+
+1. baseline: --valid-clients clients send valid requests for --baseline-minutes: their p99 latency.
+2. soak: the same valid clients plus --hostile-clients hostile ones, for --minutes.
+Reports: responses per kind and status, 5xx count (target 0), the server's RSS growth from after the
+baseline to the end (target < 5 %), and the valid requests' p99 in the soak over the baseline's (target
+<= 1.5x: what the hostile traffic adds, at the same valid load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "server")]
+
+from decode import engine_dirs  # noqa: E402
+
+PROMPTS = ["The capital of France is", "Once upon a time", "The three primary colors are", "def fib(n):",
+           "A haiku about the sea:", "List three planets:"]
+HOSTILE = ("cut", "oversized", "top_n", "malformed")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def valid(client, rng: random.Random) -> tuple[int, float]:
+    started = time.perf_counter()
+    if rng.random() < 0.5:
+        r = await client.post("/v1/completions", json={"prompt": rng.choice(PROMPTS), "temperature": 0,
+                                                        "max_tokens": rng.randint(8, 32)})
+    else:
+        r = await client.post("/generate", json={"inputs": rng.choice(PROMPTS),
+                                                 "parameters": {"max_new_tokens": rng.randint(8, 32)}})
+    return r.status_code, time.perf_counter() - started
+
+
+async def one(client, rng: random.Random, kind: str) -> tuple[str, int, float | None]:
+    if kind == "valid":
+        status, seconds = await valid(client, rng)
+        return kind, status, seconds
+    if kind == "cut":
+        async with client.stream("POST", "/v1/completions", json={"prompt": rng.choice(PROMPTS), "stream": True,
+                                                                   "max_tokens": 64}) as resp:
+            async for _ in resp.aiter_lines():
+                break  # the client goes away mid-stream
+            return kind, resp.status_code, None
+    if kind == "oversized":
+        r = await client.post("/v1/completions", content=b'{"prompt": "' + b"x" * (4 << 20) + b'"}',
+                              headers={"Content-Type": "application/json"})
+        return kind, r.status_code, None
+    if kind == "top_n":
+        r = await client.post("/v1/completions", json={"prompt": "hi", "logprobs": True, "top_logprobs": 10**6})
+        return kind, r.status_code, None
+    body = rng.choice([b'{"prompt": ', b'{"prompt": "\xff\xfe"}', b'{"prompt": 5, "max_tokens": "many"}'])
+    r = await client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    return kind, r.status_code, None
+
+
+async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: int,
+               seed: int) -> list[tuple[str, int, float | None]]:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    results: list[tuple[str, int, float | None]] = []
+
+    async def client_loop(i: int, kinds: tuple[str, ...]) -> None:
+        rng = random.Random(seed + i)
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            while time.monotonic() < deadline:
+                kind = rng.choice(kinds)
+                try:
+                    results.append(await one(client, rng, kind))
+                except httpx.TransportError:  # a refused oversized upload may reset the connection
+                    results.append((kind, 0, None))
+
+    await asyncio.gather(*(client_loop(i, ("valid",)) for i in range(valid_clients)),
+                         *(client_loop(valid_clients + i, HOSTILE) for i in range(hostile_clients)))
+    return results
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--valid-clients", type=int, default=4)
+    parser.add_argument("--hostile-clients", type=int, default=12)
+    parser.add_argument("--baseline-minutes", type=float, default=1.0)
+    parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from live_server import LiveServer
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    engine = engine_dirs(args.work, ["default"], 8, 64)["default"]
+    server = LiveServer(engine)
+    try:
+        baseline = asyncio.run(soak(server.url, args.baseline_minutes * 60, args.valid_clients, 0, seed=1))
+        rss_start = rss_bytes(server.proc.pid)
+        results = asyncio.run(soak(server.url, args.minutes * 60, args.valid_clients, args.hostile_clients, seed=1))
+        rss_end = rss_bytes(server.proc.pid)
+    finally:
+        code = server.stop()
+    statuses = Counter(f"{kind} {status}" for kind, status, _ in results)
+    def latencies(rows: list[tuple[str, int, float | None]]) -> list[float]:
+        return [s for kind, status, s in rows if kind == "valid" and status == 200 and s is not None]
+
+    idle, loaded = latencies(baseline), latencies(results)
+    result = {
+        "minutes": args.minutes, "valid_clients": args.valid_clients, "hostile_clients": args.hostile_clients,
+        "requests": len(results), "baseline_requests": len(baseline),
+        "responses": dict(sorted(statuses.items())),
+        "http_5xx": sum(n for key, n in statuses.items() if key.split()[1].startswith("5")),
+        "rss_start_mb": round(rss_start / 1e6, 1), "rss_end_mb": round(rss_end / 1e6, 1),
+        "rss_growth": round(rss_end / rss_start - 1, 4),
+        "baseline_p99_s": round(p99(idle), 3), "soak_p99_s": round(p99(loaded), 3),
+        "p99_ratio": round(p99(loaded) / p99(idle), 2), "server_exit_code": code,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['requests']} requests in {args.minutes} min from {args.valid_clients} valid + "
+              f"{args.hostile_clients} hostile clients: {result['http_5xx']} 5xx; RSS {result['rss_start_mb']} -> "
+              f"{result['rss_end_mb']} MB ({result['rss_growth']:+.1%}); valid p99 {result['soak_p99_s']} s vs "
+              f"{result['baseline_p99_s']} s without the hostile clients ({result['p99_ratio']}x); "
+              f"responses {result['responses']}")
+
+
+if __name__ == "__main__":
+    main()

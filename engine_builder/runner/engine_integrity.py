@@ -1,0 +1,115 @@
+"""Are the files an engine reads still the ones its build wrote? sha256 and size against the manifest.
+
+`trtbuild run`, `serve`, `eval` and `LLM()` check this when they load an engine dir (runner/engine.py),
+and `trtbuild verify` reports every file. A changed weight byte would otherwise give wrong text with
+no error. What a load may skip: a file this process already hashed whose inode is unchanged since
+(device, inode, size, mtime and ctime, the last of which no user can set back), recorded only when
+its last change was long enough before the hash that a later write must move ctime.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine_builder.formats.manifest import EngineManifest, FileDigest, verified_files
+from engine_builder.util.errors import InputError
+from engine_builder.util.file_hash import sha256_file
+
+Status = Literal["ok", "modified", "missing", "unrecorded"]
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    name: str
+    status: Status  # unrecorded: a file of an engine-read kind that the build did not write
+    size: int | None  # bytes now; None when missing
+    recorded_size: int | None  # None when unrecorded
+    sha256: str | None  # None when missing, or when the size alone showed the change
+    recorded_sha256: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def describe(self) -> str:
+        if self.status == "ok":
+            return "ok"
+        if self.status == "missing":
+            return "missing"
+        if self.status == "unrecorded":
+            return "not written by the build (not in the manifest)"
+        if self.size != self.recorded_size:
+            return f"modified: {self.size} bytes, the build wrote {self.recorded_size}"
+        return f"modified: sha256 {self.sha256[:12]}..., the build wrote {self.recorded_sha256[:12]}..."
+
+
+def verify_engine_dir(path: Path | str, manifest: EngineManifest | None = None,
+                      threads: int | None = None) -> list[FileVerdict]:
+    """One verdict per file the manifest records, then per unrecorded file an engine would read;
+    files are hashed in parallel (THREADS, default one per core)."""
+    path = Path(path)
+    manifest = manifest if manifest is not None else EngineManifest.load(path)
+    recorded = {d.name for d in manifest.files}
+    extra = [FileVerdict(f.name, "unrecorded", f.stat().st_size, None, None, None)
+             for f in verified_files(path) if f.name not in recorded]
+    workers = max(1, min(len(manifest.files), threads or os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
+        checked = list(pool.map(lambda d: _verdict(path, d), manifest.files))
+    return checked + extra
+
+
+def check_engine_files(path: Path, manifest: EngineManifest) -> None:
+    """verify_engine_dir for a load: an InputError naming the first bad file and the fix."""
+    bad = [v for v in verify_engine_dir(path, manifest) if not v.ok]
+    if bad:
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""
+        raise InputError(f"{path / first.name} is {first.describe()}{more}: the engine dir changed after it was "
+                         f"built; rebuild it with `trtbuild build <ckpt-dir> {path} --force` "
+                         f"(`trtbuild verify {path}` lists every file)")
+
+
+# --- hashing, with the per-process record of files already hashed ------------------------------
+
+_SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before its hash is hashed again next time
+_hashed: dict[tuple[int, ...], str] = {}  # inode fingerprint -> sha256, this process only
+_lock = threading.Lock()
+
+
+def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _verdict(engine_dir: Path, digest: FileDigest) -> FileVerdict:
+    file = engine_dir / digest.name
+    try:
+        before = os.stat(file)
+    except FileNotFoundError:
+        return FileVerdict(digest.name, "missing", None, digest.size, None, digest.sha256)
+    if before.st_size != digest.size:  # no need to read a byte
+        return FileVerdict(digest.name, "modified", before.st_size, digest.size, None, digest.sha256)
+    sha = _sha256(file, before)
+    status: Status = "ok" if sha == digest.sha256 else "modified"
+    return FileVerdict(digest.name, status, before.st_size, digest.size, sha, digest.sha256)
+
+
+def _sha256(file: Path, before: os.stat_result) -> str:
+    key = _fingerprint(before)
+    with _lock:
+        known = _hashed.get(key)
+    if known is not None:
+        return known
+    sha = sha256_file(file)
+    after = os.stat(file)
+    # Any later write, truncate, utime or chmod sets ctime to the clock's time then: once the last change
+    # is well in the past, an unchanged fingerprint means unchanged bytes.
+    if _fingerprint(after) == key and time.time_ns() - after.st_ctime_ns > _SETTLED_NS:
+        with _lock:
+            _hashed[key] = sha
+    return sha
