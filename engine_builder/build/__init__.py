@@ -1,0 +1,1 @@
+"""The build stage: checkpoint -> graph -> passes -> TensorRT engine + ONNX twin (pipeline.py)."""
