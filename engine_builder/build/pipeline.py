@@ -6,7 +6,6 @@ What the engine dir holds and its manifest: engine_builder/formats/manifest.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -17,11 +16,10 @@ from typing import Any
 import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
-from engine_builder.util.version import __version__
-from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.build.target_check import check_quantized_build, check_target_ops
+from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
-from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.formats.manifest import (
     ENGINE_FILE,
     ENGINE_SCHEMA,
@@ -34,12 +32,13 @@ from engine_builder.formats.manifest import (
     Versions,
     file_digests,
 )
+from engine_builder.formats.memory_plan import check_engine_memory
+from engine_builder.network import NetworkOptions, build_decoder, save_graph
+from engine_builder.network.weights import link_weights
+from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.util.file_hash import sha256_file
 from engine_builder.util.memory import PeakRss
-from engine_builder.network import NetworkOptions, build_decoder, save_graph
-from engine_builder.formats import graph_io as io
-from engine_builder.network.weights import link_weights
-from engine_builder.build.target_check import check_quantized_build, check_target_ops
+from engine_builder.util.version import __version__
 from passes.base import PassManager
 
 _NOT_TOKENIZER = {CONFIG_FILE, WEIGHTS_FILE}
@@ -157,7 +156,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         result = build_result(out, config, lowered, started, peak)
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),
-                               checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization, checkpoint.source))
+                               checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization,
+                                                            checkpoint.source))
         manifest.save(tmp)
         if gate is not None:  # runs on the complete engine dir (manifest included), before OUT exists
             result = dataclasses.replace(result, fidelity=gate(tmp, stage or (lambda _: None)))

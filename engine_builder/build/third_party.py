@@ -7,7 +7,6 @@ TensorRT deployment; `trtbuild run` needs a graph emitted from a checkpoint.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,10 @@ from typing import Any
 import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
-from engine_builder.util.version import __version__
-from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.build.pipeline import BuildResult, build_result, check_pass_lists, lower_for_targets, manifest_of
-from engine_builder.formats.manifest import SourceOnnx
 from engine_builder.formats.build_config import BuildConfig
-from engine_builder.formats.manifest import ENGINE_SCHEMA, ENGINE_SCHEMA_VERSION
+from engine_builder.formats.manifest import ENGINE_SCHEMA, SourceOnnx
+from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.util.errors import InputError
 from engine_builder.util.file_hash import sha256_file
 from engine_builder.util.memory import PeakRss

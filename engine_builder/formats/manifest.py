@@ -129,6 +129,11 @@ class EngineManifest:
     schema: str = ENGINE_SCHEMA
     schema_version: int = ENGINE_SCHEMA_VERSION
 
+    @property
+    def checkpoint_quantization(self) -> Quantization:
+        """The checkpoint's quantization block; the unquantized default for `build --onnx` dirs."""
+        return self.checkpoint.quantization if self.checkpoint else Quantization()
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_builder.formats.build_config import Limits
-from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.formats.graph_io import KV_ITEM_BYTES, KVCacheLayout
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.util.errors import ConfigError
 
 MEMORY_ENV = "TRTBUILD_MEMORY_GB"  # overrides the RAM found here: plan for the machine that will run the engine
-ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 GB = 1e9
 
 
@@ -66,7 +65,7 @@ def plan_engine(model: ModelConfig, limits: Limits, dtype: str, kv_cache: str = 
     when quantized), its KV cache, and the activations of one full prefill."""
     model.validate()
     limits.validate()
-    item = ITEM_BYTES.get(dtype, 4)
+    item = KV_ITEM_BYTES.get(dtype, 4)  # activations and float weights: the graph dtype's width
     linear, other = parameter_counts(model)
     weights = -(-linear * weight_bits // 8) if weight_bits else linear * item
     weights += other * item

@@ -41,9 +41,9 @@ class EngineDir:
         if not (path / ORT_MODEL).is_file():
             raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
                              "rebuild the engine dir")
-        quant = manifest.checkpoint.quantization if manifest.checkpoint else None  # sized before any allocation
-        check_engine_memory(manifest.model, manifest.build.limits, manifest.build.dtype, quant.kv_cache if quant
-                            else "none", quant.weight_bits if quant else None, what=f"engine dir {path}")
+        quant = manifest.checkpoint_quantization  # sized before any allocation
+        check_engine_memory(manifest.model, manifest.build.limits, manifest.build.dtype, quant.kv_cache,
+                            quant.weight_bits, what=f"engine dir {path}")
         if verify:
             check_engine_files(path, manifest)
         return cls(path=path, manifest=manifest)
@@ -75,7 +75,7 @@ class EngineDir:
     @property
     def kv_layout(self) -> KVCacheLayout:
         """The cache the graph takes, from the same manifest fields the emitter built it from."""
-        kv_cache = self.manifest.checkpoint.quantization.kv_cache if self.manifest.checkpoint else "none"
+        kv_cache = self.manifest.checkpoint_quantization.kv_cache
         return KVCacheLayout.of(self.model, self.limits.max_seq_len, self.dtype, kv_cache)
 
     @property

@@ -36,8 +36,8 @@ def summarize(engine_dir: Path) -> EngineSummary:
 
 def quantization_of(manifest: EngineManifest) -> dict[str, Any] | None:
     """The checkpoint's quantization block plus how the onnxruntime twin runs it; None when nothing is quantized."""
-    q = manifest.checkpoint.quantization if manifest.checkpoint else None
-    if q is None or (q.scheme == "none" and q.kv_cache == "none"):
+    q = manifest.checkpoint_quantization
+    if q.scheme == "none" and q.kv_cache == "none":
         return None
     level = manifest.quantization.onnxruntime_accuracy_level if manifest.quantization else None
     return {**dataclasses.asdict(q), "onnxruntime_accuracy_level": level}
