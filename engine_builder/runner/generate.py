@@ -96,8 +96,9 @@ class Generator:
                                 f"{kv.batch_slots} (max_batch); lower num_beams or rebuild with a larger max_batch")
 
     def new_request(self, index: int, prompt_ids: Sequence[int], params: SamplingParams) -> RequestState:
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+        # SamplingState first: it refuses ids outside the vocab, which the detokenizer would not survive
         state = SamplingState(params, prompt_ids, self.backend.vocab_size)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
         return RequestState(index, list(prompt_ids), params, state,
                             StopChecker(params, detok, self.eos_token_ids),
                             logprobs=[] if params.logprobs is not None else None)
