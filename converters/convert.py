@@ -105,7 +105,8 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
     converter = get_converter(source.hf_config.get("model_type"))
     try:
         model = converter.config_from_hf(source.hf_config)
-    except (ValueError, TypeError, KeyError) as exc:  # a field of the wrong type or missing, e.g. rms_norm_eps "tiny"
+    # a field of the wrong type or missing (rms_norm_eps "tiny"), or absurd (num_hidden_layers 2**66 overflows a tuple)
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).replace("\n", " ")
         raise InputError(f"{src}: config.json cannot describe a {converter.model_type} model ({what}); fix that "
                          "field") from None
@@ -249,9 +250,10 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
         if _write_generation_config(out, cp.source.hf_config):
             tokenizer_files.append("generation_config.json")
     hf = cp.source.hf_config
+    archs = hf.get("architectures")  # informational only: a hand-edited non-list is recorded as none
     fingerprint = SourceFingerprint(
         format=cp.source.kind, model_type=hf.get("model_type", ""),
-        architectures=tuple(hf.get("architectures") or ()),
+        architectures=tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
         files=tuple(SourceFile(p.name, p.stat().st_size, f.result()) for p, f in hashes.items()))
     config = CheckpointConfig(model=cp.model, dtype=cp.dtype, source=fingerprint, quantization=quantization,
                               num_tensors=len(layout), trtbuild_version=__version__)

@@ -44,7 +44,7 @@ def supported_model_types() -> list[str]:
 
 
 def get_converter(model_type: str | None) -> type[Converter]:
-    if model_type not in _REGISTRY:
+    if not isinstance(model_type, str) or model_type not in _REGISTRY:
         raise UnsupportedError(
             f"unknown model_type {model_type!r} in config.json; supported: "
             f"{', '.join(supported_model_types())}")

@@ -19,6 +19,11 @@ stdout = Console()
 state = {"debug": False}
 
 
+def one_line(exc: BaseException) -> str:
+    """The error's text on one line whatever it quotes (a file name or key with a newline in it): CI greps it."""
+    return str(exc).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn user errors (TrtbuildError, OSError) and Ctrl-C into one line on stderr and exit code 2."""
 
@@ -29,12 +34,12 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except TrtbuildError as exc:
             if state["debug"]:
                 raise
-            stderr.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            stderr.print(f"error: {one_line(exc)}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except OSError as exc:  # disk full, permission denied...: the user's environment, not a bug
             if state["debug"]:
                 raise
-            stderr.print(f"error: {exc}; check the path, its permissions and free space",
+            stderr.print(f"error: {one_line(exc)}; check the path, its permissions and free space",
                          markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:

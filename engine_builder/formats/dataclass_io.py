@@ -64,7 +64,7 @@ def _from_dict(cls: type, data: Any, path: str) -> Any:
         raise _FieldError(path, f"key {odd[0]!r} is not a string; valid keys: {', '.join(fields)}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise _FieldError(path, f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(fields)}")
+        raise _FieldError(path, f"unknown key(s) {', '.join(map(_shown, unknown))}; valid keys: {', '.join(fields)}")
     missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -149,3 +149,8 @@ def _kind(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "a list"
     return type(value).__name__
+
+
+def _shown(key: str) -> str:
+    """A key as the user wrote it, unless it holds what would break the one-line error (a newline, a control)."""
+    return key if key.isprintable() else repr(key)
