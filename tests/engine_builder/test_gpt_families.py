@@ -20,11 +20,13 @@ from cli_process import assert_user_error, trtbuild
 from hf_reference import hf_greedy, load_hf, prompt_of
 from ort_helpers import OrtDecoder
 from runner_engines import add_word_tokenizer
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 from tiny_models import FAMILY_MODELS, make_tiny_model
 
 from converters.archs.gpt_neox import GPTNeoXConverter
 from converters.convert import convert
+from converters.quantize.folding import Folding, foldable
 from engine_builder import LLM, SamplingParams
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
@@ -198,3 +200,51 @@ def test_float16_checkpoint_relaid_out_and_cast(family, tmp_path):
     got, want = load_file(tmp_path / "ckpt" / "rank0.safetensors"), load_file(ckpt / "rank0.safetensors")
     qkv = "layers.1.attn.qkv.weight"
     assert torch.equal(got[qkv], want[qkv].half().float())
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_MODELS))
+def test_folded_scales_leave_the_twin_unchanged(family, name, tmp_path):
+    """AWQ / SmoothQuant fold 1/s into the op before each linear: a LayerNorm's weight AND bias for qkv and a
+    plain MLP's up, the v rows for o; never into a plain MLP's up for down (act(up) lets no scale through)."""
+    _, ckpt, engine = family(name)
+    cfg = CheckpointConfig.load(ckpt).model
+    tensors = {k: v.numpy() for k, v in load_file(ckpt / "rank0.safetensors").items()}
+    rng = np.random.default_rng(1)  # scales far from 1, so a fold into the wrong op or rows shows
+    in_features = {"attn.qkv": cfg.hidden_size, "mlp.up": cfg.hidden_size, "attn.o": cfg.q_dim}
+    scales = {p: np.exp(rng.uniform(-1.6, 1.6, in_features[p.split(".", 2)[2]])).astype(np.float32)
+              for p in foldable(cfg)}
+    assert set(scales) == {f"layers.{i}.{p}" for i in range(cfg.num_layers) for p in in_features}
+    folding = Folding(cfg, scales)
+    folded = {n: folding.apply(n, t) if folding.touches(n) else t for n, t in tensors.items()}
+    changed = {n for n in tensors if not np.array_equal(folded[n], tensors[n])}
+    assert changed == {f"layers.{i}.{t}" for i in range(cfg.num_layers) for t in (
+        "attn_norm.weight", "attn_norm.bias", "mlp_norm.weight", "mlp_norm.bias", "attn.qkv.weight",
+        "attn.qkv.bias", "attn.o.weight", "mlp.up.weight")}
+
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    save_numpy(folded, tmp_path / "ckpt" / "rank0.safetensors", metadata={"format": "pt"})
+    build(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(targets=("onnxruntime",), dtype="float32", limits=LIMITS))
+    prompt = prompt_of(20, seed=3)
+    _, want = OrtDecoder(engine / "model.onnx").greedy(prompt, 4)
+    _, got = OrtDecoder(tmp_path / "engine" / "model.onnx").greedy(prompt, 4)
+    for g, w in zip(got, want, strict=True):  # float32 reassociation only: (x / s) (W s) rounds unlike x W
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+def test_gpt2_calibrates_within_its_learned_positions(family, tmp_path):
+    """A calibrated scheme's default window shrinks to n_positions; a longer --calib-seq-len is refused."""
+    hf_dir, _, engine = family("gpt2")
+    n_positions = FAMILY_MODELS["gpt2"][2]["n_positions"]
+    words = np.random.default_rng(0).integers(3, 320, 4 * n_positions)
+    (tmp_path / "calib.txt").write_text(" ".join(f"w{i}" for i in words))  # the word tokenizer's own words
+    with pytest.raises(InputError, match=f"--calib-seq-len {n_positions + 1} is past the {n_positions} positions"):
+        convert(hf_dir, tmp_path / "bad", quant="w8a8_sq", calib=tmp_path / "calib.txt",
+                calib_seq_len=n_positions + 1)
+    assert not (tmp_path / "bad").exists()
+    convert(hf_dir, tmp_path / "ckpt", quant="w8a8_sq", calib=tmp_path / "calib.txt")
+    assert CheckpointConfig.load(tmp_path / "ckpt").quantization.calibration.seq_len == n_positions
+    build(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(targets=("onnxruntime",), dtype="float32", limits=LIMITS))
+    prompt = prompt_of(20, seed=7)
+    tokens, _ = OrtDecoder(tmp_path / "engine" / "model.onnx").greedy(prompt, 1)
+    want, _ = OrtDecoder(engine / "model.onnx").greedy(prompt, 1)
+    assert tokens == want  # int8 weights and activations keep the float model's first choice
