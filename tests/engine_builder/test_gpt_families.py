@@ -32,6 +32,7 @@ from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.formats.manifest import TRT_MODEL
+from engine_builder.formats.memory_plan import plan_engine
 from engine_builder.util.errors import ConfigError, InputError, UnsupportedError
 
 STEPS = 17  # the prefill's token + 16 decode steps
@@ -76,6 +77,10 @@ def test_spec_engine_and_passes(family, name):
             model.tie_word_embeddings) == (want["position_embedding"], want["rope_dim"], want["layout"],
                                            want["activation"], want["tied"])
     assert (block.norm.kind, block.norm.bias, block.mlp.kind, block.mlp.bias) == ("layer_norm", True, "plain", True)
+    # the memory plan counts exactly the checkpoint's tensors: norm biases, a plain MLP, position embeddings
+    weights = ckpt / "rank0.safetensors"
+    header = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    assert plan_engine(model, LIMITS, "float32").weights == weights.stat().st_size - header
 
     manifest = json.loads((engine / "config.json").read_text())
     assert (engine / "rank0.engine").stat().st_size > 0
@@ -248,3 +253,18 @@ def test_gpt2_calibrates_within_its_learned_positions(family, tmp_path):
     tokens, _ = OrtDecoder(tmp_path / "engine" / "model.onnx").greedy(prompt, 1)
     want, _ = OrtDecoder(engine / "model.onnx").greedy(prompt, 1)
     assert tokens == want  # int8 weights and activations keep the float model's first choice
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_MODELS))
+def test_fp16_twin_is_as_accurate_as_hf_fp16(family, name, tmp_path):
+    """LayerNormalization with float32 statistics, Gelu and the lowered attention in float16: held to HF's own
+    float16 error against float32, as every other family is (test_build_numerics.py)."""
+    hf_dir, ckpt, _ = family(name)
+    build(ckpt, tmp_path / "engine", BuildConfig(targets=("onnxruntime",), dtype="float16", limits=LIMITS))
+    prompt = prompt_of(20, seed=8)
+    with torch.no_grad():
+        ref = load_hf(hf_dir)(torch.tensor([prompt])).logits[0, -1].numpy()
+        hf16 = load_hf(hf_dir, torch.float16)(torch.tensor([prompt])).logits[0, -1].float().numpy()
+    dec = OrtDecoder(tmp_path / "engine" / "model.onnx")
+    got = dec.run(dec.empty(1), np.array([prompt]))[0, -1]
+    assert np.abs(got - ref).max() <= 1.5 * np.abs(hf16 - ref).max()
