@@ -115,6 +115,10 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
     if fmt:
         infos = prequantized.weight_infos(infos, fmt)
     conversion = plan_conversion(converter, model, infos)
+    if fmt and any(t.transforms and infos[t.sources[0]].dtype == prequantized.WEIGHT_DTYPE
+                   for t in conversion.tensors):
+        raise UnsupportedError(f"{src}: pre-quantized ({fmt.method}) {converter.model_type} weights would need "
+                               f"re-laying out packed; convert the unquantized original (with --quant to quantize)")
     if dtype == "auto":
         dtype = _auto_dtype(conversion, infos)
     kept = Quantization()
@@ -238,8 +242,15 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
             elif cp.gguf_blocks(t):
                 gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
             else:
-                for name in t.sources:
-                    _write_part(cp.source, writer, t.name, name, cp.infos[name].dtype, cp.dtype)
+                for name, transform in zip(t.sources, t.transforms or (None,) * len(t.sources)):
+                    if transform is None:
+                        _write_part(cp.source, writer, t.name, name, cp.infos[name].dtype, cp.dtype)
+                    else:  # re-laid out: the whole tensor in memory, then cast
+                        import torch
+
+                        _check_float(name, cp.infos[name].dtype)
+                        writer.append(t.name, transform.apply(cp.source.load(name), cp.model)
+                                      .to(getattr(torch, cp.dtype)))
                     if progress:
                         progress("converting", math.prod(cp.infos[name].shape) * itemsize, cp.total_bytes)
                 continue
@@ -267,11 +278,7 @@ def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: s
                 source_dtype: str, dtype: str) -> None:
     """Append source tensor `name` to `canonical`: a kernel file-to-file copy when it is stored
     as-is in the right dtype, otherwise load it (one tensor in memory) and cast."""
-    if source_dtype not in DTYPES:
-        raise UnsupportedError(
-            f"tensor {name!r} is {source_dtype}, not a float dtype; of pre-quantized checkpoints trtbuild ingests "
-            f"AutoAWQ (gemm) and GPTQ ones declared in config.json's quantization_config: convert the "
-            f"unquantized model (with --quant to quantize it here)")
+    _check_float(name, source_dtype)
     raw = source.raw_range(name)
     if raw is not None and source_dtype == dtype:
         writer.append_range(canonical, *raw)
@@ -295,6 +302,14 @@ def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: s
             part = torch.frombuffer(buffer, dtype=src_dtype, count=n // src_dtype.itemsize)  # flat
             writer.append(canonical, part.to(dst_dtype))
             nbytes -= n
+
+
+def _check_float(name: str, source_dtype: str) -> None:
+    if source_dtype not in DTYPES:
+        raise UnsupportedError(
+            f"tensor {name!r} is {source_dtype}, not a float dtype; of pre-quantized checkpoints trtbuild ingests "
+            f"AutoAWQ (gemm) and GPTQ ones declared in config.json's quantization_config: convert the "
+            f"unquantized model (with --quant to quantize it here)")
 
 
 def _write_generation_config(out: Path, hf: dict) -> bool:

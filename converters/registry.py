@@ -6,6 +6,8 @@ An architecture is one file: a `Converter` subclass registered under its HF `mod
                   tensor fused by concatenating parts along dim 0, or None for a tensor
                   dropped on purpose. `{layer}` stands for the decoder layer index;
                   `*` matches anything in a drop rule (e.g. a vision tower).
+  transforms      optional: HF tensor template -> a re-layout on the way (converters/transforms.py:
+                  GPT-2's transposed Conv1D weights, GPT-NeoX's per-head q/k/v rows).
   config_from_hf  the hook: HF config.json dict -> ModelConfig, i.e. dims, rope and the typed
                   BlockSpec (norm, attention, MLP, residual layout; formats/model_config.py).
 The network emitter and the canonical tensor list (checkpoint.expected_shapes) dispatch on the
@@ -20,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from converters.transforms import Transform
 from engine_builder.formats.checkpoint import expected_shapes
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.util.errors import InputError, UnsupportedError
@@ -54,6 +57,7 @@ def get_converter(model_type: str | None) -> type[Converter]:
 class Converter:
     model_type: ClassVar[str]
     weight_map: ClassVar[dict[str, Target]]
+    transforms: ClassVar[dict[str, Transform]] = {}  # weight_map template -> re-layout of its tensors
 
     @classmethod
     def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -73,6 +77,8 @@ class PlannedTensor:
     name: str
     sources: tuple[str, ...]
     shape: tuple[int, ...]
+    # one per source (None: stored as is), or () when no source is re-laid out
+    transforms: tuple[Transform | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,10 @@ class Plan:
     dropped: tuple[str, ...]
 
 
-def _compile(weight_map: dict[str, Target]) -> list[tuple[re.Pattern[str], Target]]:
+def _compile(weight_map: dict[str, Target]) -> list[tuple[re.Pattern[str], Target, str]]:
     # `{layer}` captures the layer index; `*` (drop rules only) matches anything
     return [(re.compile(re.escape(template).replace(r"\{layer\}", r"(?P<layer>\d+)")
-                        .replace(r"\*", ".*") + "$"), target)
+                        .replace(r"\*", ".*") + "$"), target, template)
             for template, target in weight_map.items()]
 
 
@@ -93,14 +99,18 @@ def plan_conversion(converter: type[Converter], cfg: ModelConfig,
     """Map every source tensor to its canonical place and check every shape against cfg."""
     patterns = _compile(converter.weight_map)
     parts: dict[str, dict[int, str]] = {}
+    transforms: dict[str, Transform] = {}  # source tensor -> its re-layout
     dropped: list[str] = []
     for name in infos:
-        found = next(((m, target) for pattern, target in patterns if (m := pattern.match(name))), None)
+        found = next(((m, target, template) for pattern, target, template in patterns if (m := pattern.match(name))),
+                     None)
         if found is None:
             raise InputError(
                 f"tensor {name!r} is not in the {converter.model_type} weight map; the checkpoint "
                 f"does not match its config.json model_type (or is a variant we do not support)")
-        m, target = found
+        m, target, template = found
+        if template in converter.transforms:
+            transforms[name] = converter.transforms[template]
         layer = m.groupdict().get("layer")
         if layer is not None and int(layer) >= cfg.num_layers:
             raise InputError(
@@ -133,9 +143,12 @@ def plan_conversion(converter: type[Converter], cfg: ModelConfig,
             raise InputError(f"{canonical!r} has {len(sources)} source parts; expected 1 or "
                              f"{len(part_rows or ())}")
         for src, want in zip(sources, wanted):
-            if infos[src].shape != want:
+            got = transforms[src].shape(infos[src].shape) if src in transforms else infos[src].shape
+            if got != want:
+                relaid = f" ({list(got)} re-laid out)" if got != infos[src].shape else ""
                 raise InputError(
-                    f"tensor {src!r} has shape {list(infos[src].shape)} but config.json implies "
+                    f"tensor {src!r} has shape {list(infos[src].shape)}{relaid} but config.json implies "
                     f"{list(want)}; the config and weights disagree")
-        planned.append(PlannedTensor(canonical, sources, shape))
+        relayout = tuple(transforms.get(src) for src in sources) if any(s in transforms for s in sources) else ()
+        planned.append(PlannedTensor(canonical, sources, shape, relayout))
     return Plan(tuple(planned), tuple(dropped))

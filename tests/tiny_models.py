@@ -43,16 +43,35 @@ TINY_MODELS: dict[str, tuple[str, str, dict]] = {
 }
 
 
+# Families whose configs name their dims their own way (not COMMON's), with LayerNorm and biases. Not in
+# TINY_MODELS: every test parametrized over that table would build them (several TensorRT-RTX builds
+# each); tests/converters/test_gpt_families.py runs them through convert, build and generate once.
+# Weights at 10x transformers' init scale, as tests/toy_arch does, so greedy decoding does not settle
+# on one repeated token and a wrong layout changes the tokens.
+FAMILY_MODELS: dict[str, tuple[str, str, dict]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
+        vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=128, initializer_range=0.2,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+    # partial rotary (half of each head), parallel residual, untied embed_out
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, rotary_pct=0.5, use_parallel_residual=True, initializer_range=0.2,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+}
+
+
 def make_tiny_model(name: str, out: Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
-    """Save a tiny random model `name` (a TINY_MODELS key) as an HF dir under `out`."""
-    config_cls, model_cls, overrides = TINY_MODELS[name]
-    config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
+    """Save a tiny random model `name` (a TINY_MODELS or FAMILY_MODELS key) as an HF dir under `out`."""
+    family = name in FAMILY_MODELS
+    config_cls, model_cls, overrides = FAMILY_MODELS[name] if family else TINY_MODELS[name]
+    config = getattr(transformers, config_cls)(**(overrides if family else {**COMMON, **overrides}))
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(dtype).eval()
-    # random init leaves norms at exactly 1 (or 0 for gemma): perturb them so a wrong norm shows
+    # random init leaves norms at exactly 1 (or 0 for gemma), and a family's biases at 0: perturb them
+    # so a wrong norm or bias shows
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname:
+            if "norm" in pname or (family and (".ln_" in pname or pname.endswith("bias"))):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
     return out

@@ -16,6 +16,8 @@ _ACTIVATIONS: dict[str, Activation] = {
     "silu": "silu", "swish": "silu",
     "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
+    # transformers' ACT2FN "gelu" is the exact erf form (gpt-neox)
+    "gelu": "gelu",
 }
 _ROPE_TYPES = {"default": "default", "linear": "linear", "dynamic": "dynamic", "llama3": "llama3",
                "yarn": "yarn", "longrope": "longrope", "su": "longrope"}

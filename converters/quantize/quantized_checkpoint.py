@@ -28,6 +28,7 @@ from converters.quantize.scheme import Layout, get_scheme
 from converters.safetensors_writer import StreamingSafetensorsWriter
 from converters.sources.source import safetensors_header
 from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.quant_packing import FLOAT_DTYPES
 from engine_builder.formats.quantization import CalibrationInfo, Quantization
 from engine_builder.util.errors import InputError
@@ -109,7 +110,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
         started = time.perf_counter()
         calib = calibrate.collect(
             fp_ckpt_dir, text or calibration_text.load(options.calib),
-            options.calib_samples or calibrate.DEFAULT_SAMPLES, options.calib_seq_len or calibrate.DEFAULT_SEQ_LEN,
+            options.calib_samples or calibrate.DEFAULT_SAMPLES, _calib_seq_len(model, options.calib_seq_len),
             progress=(lambda done, total: progress("calibrating", done, total)) if progress else None,
             caches=options.kv_cache == "int8")
         calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
@@ -165,6 +166,17 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     nbytes = (out_dir / WEIGHTS_FILE).stat().st_size - 8 - safetensors_header(out_dir / WEIGHTS_FILE)[0]
     return QuantizeResult(options.scheme, quantized, excluded, len(layout), nbytes, calibration, calib_seconds,
                           options.kv_cache)
+
+
+def _calib_seq_len(model: ModelConfig, asked: int | None) -> int:
+    """--calib-seq-len, or the default window cut to the positions a learned table has (gpt2)."""
+    from converters.quantize import calibrate
+
+    limit = model.max_position_embeddings if model.position_embedding == "learned" else None
+    if asked and limit and asked > limit:
+        raise InputError(f"--calib-seq-len {asked} is past the {limit} positions this {model.architecture} model "
+                         f"learned (max_position_embeddings); pass {limit} or less")
+    return asked or min(calibrate.DEFAULT_SEQ_LEN, limit or calibrate.DEFAULT_SEQ_LEN)
 
 
 def _weight_of(prefix: str, tied: bool) -> str:

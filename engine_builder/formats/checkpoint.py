@@ -34,19 +34,29 @@ def expected_shapes(cfg: ModelConfig) -> Shapes:
     """Canonical name -> (shape, rows of each fused part or None), in file order."""
     h, res = cfg.hidden_size, cfg.block.residual
     shapes: Shapes = {"embed.weight": ((cfg.vocab_size, h), None)}
+    if cfg.position_embedding == "learned":
+        shapes["pos_embed.weight"] = ((cfg.max_position_embeddings, h), None)
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        shapes[p + "attn_norm.weight"] = ((h,), None)
+        shapes.update(_norm_shapes(cfg, p + "attn_norm", h))
         shapes.update(_attention_shapes(cfg, p + "attn."))
         if res.post_attention_norm:
-            shapes[p + "post_attn_norm.weight"] = ((h,), None)
-        shapes[p + "mlp_norm.weight"] = ((h,), None)
+            shapes.update(_norm_shapes(cfg, p + "post_attn_norm", h))
+        shapes.update(_norm_shapes(cfg, p + "mlp_norm", h))
         shapes.update(_MLP_SHAPES[cfg.block.mlp.kind](cfg, p + "mlp."))
         if res.post_mlp_norm:
-            shapes[p + "post_mlp_norm.weight"] = ((h,), None)
-    shapes["final_norm.weight"] = ((h,), None)
+            shapes.update(_norm_shapes(cfg, p + "post_mlp_norm", h))
+    shapes.update(_norm_shapes(cfg, "final_norm", h))
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = ((cfg.vocab_size, h), None)
+    return shapes
+
+
+def _norm_shapes(cfg: ModelConfig, name: str, size: int) -> Shapes:
+    """A norm's weight, and its bias when the norm kind has one (layer_norm)."""
+    shapes: Shapes = {name + ".weight": ((size,), None)}
+    if cfg.block.norm.bias:
+        shapes[name + ".bias"] = ((size,), None)
     return shapes
 
 
@@ -56,8 +66,8 @@ def _attention_shapes(cfg: ModelConfig, p: str) -> Shapes:
     if attn.qkv_bias:
         shapes[p + "qkv.bias"] = ((q + 2 * kv,), (q, kv, kv))
     if attn.qk_norm:
-        shapes[p + "q_norm.weight"] = ((cfg.head_dim,), None)
-        shapes[p + "k_norm.weight"] = ((cfg.head_dim,), None)
+        shapes.update(_norm_shapes(cfg, p + "q_norm", cfg.head_dim))
+        shapes.update(_norm_shapes(cfg, p + "k_norm", cfg.head_dim))
     shapes[p + "o.weight"] = ((h, q), None)
     if attn.o_bias:
         shapes[p + "o.bias"] = ((h,), None)
@@ -75,9 +85,20 @@ def _gated_mlp_shapes(cfg: ModelConfig, p: str) -> Shapes:
     return shapes
 
 
+def _plain_mlp_shapes(cfg: ModelConfig, p: str) -> Shapes:
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    shapes: Shapes = {p + "up.weight": ((inter, h), None)}
+    if cfg.block.mlp.bias:
+        shapes[p + "up.bias"] = ((inter,), None)
+    shapes[p + "down.weight"] = ((h, inter), None)
+    if cfg.block.mlp.bias:
+        shapes[p + "down.bias"] = ((h,), None)
+    return shapes
+
+
 # MlpSpec.kind -> its tensors and its linears (the quantizable ones, FORMAT.md)
-_MLP_SHAPES = {"gated": _gated_mlp_shapes}
-_MLP_LINEARS = {"gated": ("mlp.gate_up", "mlp.down")}
+_MLP_SHAPES = {"gated": _gated_mlp_shapes, "plain": _plain_mlp_shapes}
+_MLP_LINEARS = {"gated": ("mlp.gate_up", "mlp.down"), "plain": ("mlp.up", "mlp.down")}
 
 
 def linear_prefixes(model: ModelConfig) -> tuple[str, ...]:

@@ -12,11 +12,13 @@ themselves (what `convert`, which streams tensors, relies on).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine_builder.formats.build_config import Limits
+from engine_builder.formats.checkpoint import expected_shapes, linear_prefixes
 from engine_builder.formats.graph_io import KV_ITEM_BYTES, KVCacheLayout
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.util.errors import ConfigError
@@ -47,16 +49,12 @@ class MemoryPlan:
 
 
 def parameter_counts(model: ModelConfig) -> tuple[int, int]:
-    """(parameters in linears, other parameters) of MODEL, from its dims (checkpoint.py's tensors)."""
-    h, q, kv, inter, attn = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, model.block.attention
-    linear = h * (q + 2 * kv) + q * h + 3 * h * inter  # qkv, o, gate_up, down
-    other = 2 * h + (q + 2 * kv if attn.qkv_bias else 0) + (h if attn.o_bias else 0)
-    other += 2 * model.head_dim if attn.qk_norm else 0
-    other += 2 * inter + h if model.block.mlp.bias else 0
-    other += h * (model.block.residual.post_attention_norm + model.block.residual.post_mlp_norm)
-    embed = model.vocab_size * h
-    lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
-    return model.num_layers * linear + lm_head, model.num_layers * other + embed + h
+    """(parameters in linears, other parameters) of MODEL: the checkpoint's own tensors (checkpoint.py)."""
+    linears = {prefix + ".weight" for prefix in linear_prefixes(model)}
+    counts = [0, 0]
+    for name, (shape, _) in expected_shapes(model).items():
+        counts[name not in linears] += math.prod(shape)
+    return counts[0], counts[1]
 
 
 def plan_engine(model: ModelConfig, limits: Limits, dtype: str, kv_cache: str = "none",

@@ -15,9 +15,11 @@ from typing import Literal, get_args
 from engine_builder.formats.dataclass_io import check_types
 from engine_builder.util.errors import ConfigError
 
-NormKind = Literal["rms_norm"]
-MlpKind = Literal["gated"]
-Activation = Literal["silu", "gelu_tanh"]
+NormKind = Literal["rms_norm", "layer_norm"]
+MlpKind = Literal["gated", "plain"]
+Activation = Literal["silu", "gelu_tanh", "gelu"]
+PositionKind = Literal["rotary", "learned"]
+ResidualLayout = Literal["sequential", "parallel"]
 LayerType = Literal["full_attention", "sliding_attention"]
 RopeType = Literal["default", "linear", "dynamic", "llama3", "yarn", "longrope"]
 
@@ -70,6 +72,8 @@ class NormSpec:
     eps: float = 1e-6
     # gemma stores the weight as w and applies (1 + w)
     weight_offset: float = 0.0
+    # layer_norm (gpt2, gpt-neox): every norm adds a bias (`<norm>.bias`) after its weight
+    bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,15 +90,19 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class MlpSpec:
-    kind: MlpKind = "gated"  # down(act(gate) * up)
+    kind: MlpKind = "gated"  # gated: down(act(gate) * up); plain (gpt2, gpt-neox): down(act(up))
     activation: Activation = "silu"
     bias: bool = False
 
 
 @dataclass(frozen=True)
 class ResidualSpec:
-    """Pre-norm residual blocks; gemma2/3 also normalize each branch's output ("sandwich" norms)."""
+    """Pre-norm residual blocks; gemma2/3 also normalize each branch's output ("sandwich" norms).
 
+    sequential: x += attn(attn_norm(x)); x += mlp(mlp_norm(x))
+    parallel (gpt-neox use_parallel_residual): x += mlp(mlp_norm(x)) + attn(attn_norm(x)), both from the same x"""
+
+    layout: ResidualLayout = "sequential"
     post_attention_norm: bool = False
     post_mlp_norm: bool = False
 
@@ -128,6 +136,9 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     tie_word_embeddings: bool = False
     final_logit_softcap: float | None = None
+    # rotary: RoPE inside attention (rope); learned (gpt2): pos_embed.weight [max_position_embeddings, hidden]
+    # added to the token embeddings, no rotary, and no position past max_position_embeddings
+    position_embedding: PositionKind = "rotary"
 
     @property
     def q_dim(self) -> int:
@@ -167,7 +178,11 @@ class ModelConfig:
             raise ConfigError(
                 f"model config: num_heads {self.num_heads} is not a multiple of "
                 f"num_kv_heads {self.num_kv_heads}; check num_key_value_heads in config.json")
-        if not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2:
+        _one_of("position_embedding", self.position_embedding, PositionKind)
+        if self.position_embedding == "learned" and self.rope.dim:
+            raise ConfigError(f"model config: learned position embeddings take no rotary, but rope.dim is "
+                              f"{self.rope.dim}; set it to 0")
+        if self.position_embedding == "rotary" and (not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2):
             raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
         _positive("final_logit_softcap", self.final_logit_softcap)
         norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp
@@ -175,6 +190,9 @@ class ModelConfig:
         _one_of("block.norm.kind", norm.kind, NormKind)
         _one_of("block.mlp.kind", mlp.kind, MlpKind)
         _one_of("block.mlp.activation", mlp.activation, Activation)
+        _one_of("block.residual.layout", self.block.residual.layout, ResidualLayout)
+        if norm.bias and norm.kind != "layer_norm":
+            raise ConfigError(f"model config: block.norm.bias applies to layer_norm, not {norm.kind}")
         for layer_type in attn.layer_types:
             _one_of("block.attention.layer_types", layer_type, LayerType)
         _positive("block.norm.eps", norm.eps)

@@ -21,7 +21,7 @@ from engine_builder.network import kv_quant
 from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
-from engine_builder.network.norms import norm
+from engine_builder.network.norms import checkpoint_norm
 from engine_builder.network.rotary import RotaryTables, apply_rotary
 from engine_builder.network.weights import CheckpointWeights
 
@@ -34,9 +34,9 @@ class AttentionOutputs:
 
 
 def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, layer: int,
-                   rotary: RotaryTables, masks: AttentionMasks, past_key: ir.Value,
+                   rotary: RotaryTables | None, masks: AttentionMasks, past_key: ir.Value,
                    past_value: ir.Value) -> AttentionOutputs:
-    """x: [batch, seq, hidden] (already normalized)."""
+    """x: [batch, seq, hidden] (already normalized); ROTARY None: positions come from elsewhere (learned)."""
     p = f"layers.{layer}.attn."
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     spec = cfg.block.attention
@@ -49,13 +49,14 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
         k = b.op("Reshape", k, b.ints([0, 0, kv_heads, head_dim]))  # [batch, seq, kv_heads, head_dim]
         v = b.op("Reshape", v, b.ints([0, 0, kv_heads, head_dim]))
         if spec.qk_norm:  # qwen3, gemma3: per-head norm before rotary
-            q = norm(b, q, w[p + "q_norm.weight"], cfg.block.norm, name="q_norm")
-            k = norm(b, k, w[p + "k_norm.weight"], cfg.block.norm, name="k_norm")
+            q = checkpoint_norm(b, q, w, p + "q_norm", cfg.block.norm, name="q_norm")
+            k = checkpoint_norm(b, k, w, p + "k_norm", cfg.block.norm, name="k_norm")
         q = b.op("Transpose", q, perm=[0, 2, 1, 3])  # [batch, heads, seq, head_dim]
         k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [batch, kv_heads, seq, head_dim]
         v = b.op("Transpose", v, perm=[0, 2, 1, 3])
-        q = apply_rotary(b, q, rotary, head_dim)
-        k = apply_rotary(b, k, rotary, head_dim)
+        if rotary is not None:
+            q = apply_rotary(b, q, rotary, head_dim)
+            k = apply_rotary(b, k, rotary, head_dim)
 
         # write the new tokens into the cache; attention reads the whole updated buffer
         if w.quantization.kv_cache == "int8":

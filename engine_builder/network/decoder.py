@@ -15,11 +15,12 @@ from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks, attention_masks
 from engine_builder.network.mlp import mlp
-from engine_builder.network.norms import norm
+from engine_builder.network.norms import checkpoint_norm
 from engine_builder.network.options import NetworkOptions
 from engine_builder.network.rope_frequencies import rope_frequencies
 from engine_builder.network.rotary import RotaryTables, rotary_tables
 from engine_builder.network.weights import CheckpointWeights
+from engine_builder.util.errors import ConfigError
 from engine_builder.util.version import __version__
 
 OPSET = 24
@@ -36,6 +37,10 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     ckpt = CheckpointConfig.load(ckpt_dir)
     cfg = ckpt.model
     cfg.validate()
+    if cfg.position_embedding == "learned" and options.max_seq_len > cfg.max_position_embeddings:
+        raise ConfigError(f"max_seq_len {options.max_seq_len} is past the {cfg.max_position_embeddings} positions "
+                          f"this {cfg.architecture} model learned (max_position_embeddings); pass --max-seq-len "
+                          f"{cfg.max_position_embeddings} or less")
     dtype_name = ckpt.dtype if options.dtype == "auto" else options.dtype
     dtype = DTYPES[dtype_name]
     b = GraphBuilder(dtype)
@@ -55,6 +60,8 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         if cfg.embedding_multiplier != 1.0:
             # gemma: a constant in the model dtype, as transformers rounds sqrt(hidden) to it
             hidden = b.op("Mul", hidden, b.const(cfg.embedding_multiplier))
+        if cfg.position_embedding == "learned":  # gpt2: token + position embeddings
+            hidden = b.op("Add", hidden, b.op("Gather", w["pos_embed.weight"], position_ids, axis=0))
 
     attn = cfg.block.attention
     masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len,
@@ -74,7 +81,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         if not options.all_logits:  # only the last position feeds sampling: skip the rest early
             # Gather of index [-1] rather than Slice: shape inference then knows the 1
             hidden = b.op("Gather", hidden, b.ints([-1]), axis=1)  # [batch, 1, hidden]
-        hidden = norm(b, hidden, w["final_norm.weight"], cfg.block.norm, name="final_norm")
+        hidden = checkpoint_norm(b, hidden, w, "final_norm", cfg.block.norm, name="final_norm")
         if cfg.tie_word_embeddings and "lm_head" not in ckpt.quantization.quantized:
             logits = b.linear(hidden, w["embed.weight"])  # [batch, seq or 1, vocab]
         else:  # a quantized lm_head has its own tensors, tied or not (FORMAT.md)
@@ -113,9 +120,12 @@ def _input(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
 
 
 def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict[LayerType, RotaryTables]:
-    """cos/sin per layer type; the same tables unless local layers have their own base (gemma3)."""
+    """cos/sin per layer type; the same tables unless local layers have their own base (gemma3). None
+    without rotary (learned positions)."""
     by_kind: dict[bool, RotaryTables] = {}
     tables: dict[LayerType, RotaryTables] = {}
+    if cfg.position_embedding != "rotary":
+        return {}
     for layer_type in dict.fromkeys(cfg.block.attention.layer_types):
         local = layer_type == "sliding_attention" and cfg.rope.local_theta is not None
         if local not in by_kind:
@@ -128,17 +138,25 @@ def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict
 def _decoder_layer(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, i: int,
                    rotaries: dict[LayerType, RotaryTables], masks: AttentionMasks, past_key: ir.Value,
                    past_value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Pre-norm residual block (ResidualSpec); gemma2/3 also normalize each branch's output (sandwich norms)."""
+    """Pre-norm residual block (ResidualSpec); gemma2/3 also normalize each branch's output (sandwich norms);
+    a parallel block (gpt-neox) feeds both branches the same input and adds them as transformers does."""
     p, spec, residual = f"layers.{i}.", cfg.block.norm, cfg.block.residual
-    h = norm(b, x, w[p + "attn_norm.weight"], spec, name="attn_norm")
-    attn = self_attention(b, h, cfg, w, i, rotaries[cfg.block.attention.layer_types[i]], masks, past_key, past_value)
+    h = checkpoint_norm(b, x, w, p + "attn_norm", spec, name="attn_norm")
+    rotary = rotaries.get(cfg.block.attention.layer_types[i])
+    attn = self_attention(b, h, cfg, w, i, rotary, masks, past_key, past_value)
     h = attn.out
     if residual.post_attention_norm:
-        h = norm(b, h, w[p + "post_attn_norm.weight"], spec, name="post_attn_norm")
-    x = b.op("Add", x, h, name="attn_residual")  # [batch, seq, hidden]
-    h = norm(b, x, w[p + "mlp_norm.weight"], spec, name="mlp_norm")
+        h = checkpoint_norm(b, h, w, p + "post_attn_norm", spec, name="post_attn_norm")
+    if residual.layout == "parallel":
+        attn_out = h
+    else:
+        x = b.op("Add", x, h, name="attn_residual")  # [batch, seq, hidden]
+    h = checkpoint_norm(b, x, w, p + "mlp_norm", spec, name="mlp_norm")
     h = mlp(b, h, cfg, w, i)
     if residual.post_mlp_norm:
-        h = norm(b, h, w[p + "post_mlp_norm.weight"], spec, name="post_mlp_norm")
+        h = checkpoint_norm(b, h, w, p + "post_mlp_norm", spec, name="post_mlp_norm")
+    if residual.layout == "parallel":  # (mlp + attn) + x, transformers' order of the float sums
+        return b.op("Add", b.op("Add", h, attn_out, name="branches"), x, name="residual"), \
+            attn.present_key, attn.present_value
     x = b.op("Add", x, h, name="mlp_residual")
     return x, attn.present_key, attn.present_value

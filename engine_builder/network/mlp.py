@@ -1,6 +1,7 @@
 """The MLP of a decoder layer (MlpSpec.kind).
 
     gated   down(act(gate) * up), gate and up from one fused [gate; up] matmul
+    plain   down(act(up))  (gpt2, gpt-neox)
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ def gated_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeigh
     return linear(b, w, hidden, p + "down", w[p + "down.bias"] if spec.bias else None)
 
 
+def plain_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, p: str) -> ir.Value:
+    spec = cfg.block.mlp
+    up = linear(b, w, x, p + "up", w[p + "up.bias"] if spec.bias else None)  # [batch, seq, inter]
+    return linear(b, w, _ACTIVATIONS[spec.activation](b, up), p + "down", w[p + "down.bias"] if spec.bias else None)
+
+
 # MlpSpec.activation -> its ops
 _ACTIVATIONS: dict[str, Emit] = {
     # x * sigmoid(x), as exporters write SiLU
     "silu": lambda b, x: b.op("Mul", x, b.op("Sigmoid", x)),
     # gelu_pytorch_tanh; Gelu(approximate="tanh") is a standard op since opset 20
     "gelu_tanh": lambda b, x: b.op("Gelu", x, approximate="tanh"),
+    # transformers' "gelu": the exact erf form
+    "gelu": lambda b, x: b.op("Gelu", x),
 }
 # MlpSpec.kind -> its emitter
-_MLPS = {"gated": gated_mlp}
+_MLPS = {"gated": gated_mlp, "plain": plain_mlp}

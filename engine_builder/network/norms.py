@@ -3,7 +3,9 @@
     Pow(x, 2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Reciprocal -> Mul(x) -> Mul(weight)
 
 always in float32 (activations in a 16-bit dtype are cast up and back), so one rewrite
-pattern covers every architecture.
+pattern covers every architecture. LayerNorm (gpt2, gpt-neox) is the standard
+LayerNormalization-17 op with its bias, statistics in float32 (stash_type 1) as torch
+computes them for 16-bit inputs; onnxruntime and TensorRT both have it as one kernel.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ import onnx_ir as ir
 
 from engine_builder.formats.model_config import NormSpec
 from engine_builder.network.builder import FLOAT, GraphBuilder
+from engine_builder.network.weights import CheckpointWeights
 
 
-def norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, spec: NormSpec, name: str = "norm") -> ir.Value:
-    """x: [..., hidden] normalized over the last axis by the norm kind of SPEC."""
-    return _NORMS[spec.kind](b, x, weight, spec.eps, spec.weight_offset, name=name)
+def norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, spec: NormSpec, name: str = "norm",
+         bias: ir.Value | None = None) -> ir.Value:
+    """x: [..., hidden] normalized over the last axis by the norm kind of SPEC (BIAS: layer_norm's)."""
+    return _NORMS[spec.kind](b, x, weight, bias, spec, name)
+
+
+def checkpoint_norm(b: GraphBuilder, x: ir.Value, w: CheckpointWeights, tensor: str, spec: NormSpec,
+                    name: str) -> ir.Value:
+    """Norm TENSOR of the checkpoint ("layers.0.attn_norm"): its weight, and its bias when the spec has one."""
+    return norm(b, x, w[tensor + ".weight"], spec, name, w[tensor + ".bias"] if spec.bias else None)
 
 
 def rms_norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, eps: float, offset: float = 0.0,
@@ -39,5 +49,18 @@ def rms_norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, eps: float, offset:
         return b.op("Mul", h, weight)
 
 
+def layer_norm(b: GraphBuilder, x: ir.Value, weight: ir.Value, bias: ir.Value | None, eps: float,
+               offset: float = 0.0, name: str = "norm") -> ir.Value:
+    """(x - mean) / sqrt(var + eps) * weight (+ bias) over the last axis, in the activation dtype."""
+    with b.scope(name):
+        if offset:
+            weight = b.op("Add", b.const(offset), weight)
+        return b.op("LayerNormalization", x, weight, bias, axis=-1, epsilon=eps, stash_type=1)
+
+
 # NormSpec.kind -> its emitter
-_NORMS = {"rms_norm": rms_norm}
+_NORMS = {
+    "rms_norm": lambda b, x, weight, bias, spec, name: rms_norm(b, x, weight, spec.eps, spec.weight_offset, name),
+    "layer_norm": lambda b, x, weight, bias, spec, name: layer_norm(b, x, weight, bias, spec.eps,
+                                                                    spec.weight_offset, name),
+}

@@ -168,8 +168,9 @@ def test_from_dict_checks_every_type_with_its_path(checkpoint):
     with pytest.raises(ConfigError, match=r"compute_capabilities\[0\]: expected str, got int"):
         apply_overrides(BuildConfig(), {"compute_capabilities": [80]})
     data = json.loads(checkpoint.to_json())
-    data["model"]["block"]["norm"]["kind"] = "layer_norm"
-    with pytest.raises(ConfigError, match=r"model.block.norm.kind: expected one of 'rms_norm', got 'layer_norm'"):
+    data["model"]["block"]["norm"]["kind"] = "group_norm"
+    with pytest.raises(ConfigError, match=r"model.block.norm.kind: expected one of 'rms_norm', 'layer_norm', "
+                                          r"got 'group_norm'"):
         from_dict(CheckpointConfig, data)
     data = json.loads(checkpoint.to_json())
     data["model"]["rope"]["scaling"]["short_factor"] = [1, "x"]
