@@ -104,7 +104,7 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
     fmt = prequantized.detect(source.hf_config)
     converter = get_converter(source.hf_config.get("model_type"))
     try:
-        model = converter.config_from_hf(source.hf_config)
+        model = converter.config_from_source(source.hf_config, getattr(source, "root", None))
     except (ValueError, TypeError, KeyError) as exc:  # a field of the wrong type or missing, e.g. rms_norm_eps "tiny"
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).replace("\n", " ")
         raise InputError(f"{src}: config.json cannot describe a {converter.model_type} model ({what}); fix that "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from engine_builder.formats.dataclass_io import check_types
+from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.util.errors import ConfigError
 
 NormKind = Literal["rms_norm"]
@@ -128,6 +129,8 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     tie_word_embeddings: bool = False
     final_logit_softcap: float | None = None
+    # BERT-family encoders (formats/encoder_spec.py): no KV cache, no rotary; pooled embeddings out
+    encoder: EncoderSpec | None = None
 
     @property
     def q_dim(self) -> int:
@@ -167,7 +170,9 @@ class ModelConfig:
             raise ConfigError(
                 f"model config: num_heads {self.num_heads} is not a multiple of "
                 f"num_kv_heads {self.num_kv_heads}; check num_key_value_heads in config.json")
-        if not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2:
+        if self.encoder is not None:
+            self.encoder.validate(self.max_position_embeddings)
+        elif not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2:
             raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
         _positive("final_logit_softcap", self.final_logit_softcap)
         norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp
