@@ -2,7 +2,8 @@
 
     app = create_embedding_app(EmbeddingService(EmbeddingBatcher(embedder), config))
 
-Routes: POST /v1/embeddings (OpenAI), POST /embed (TEI) from embeddings_api.py; GET /v1/models, /health.
+Routes: POST /v1/embeddings (OpenAI), POST /embed (TEI) from embeddings_api.py; GET /v1/models, /health,
+/metrics (embedding_metrics.py).
 The generation routes of a decoder server (/generate, /generate_stream, /, /v1/completions,
 /v1/chat/completions) answer 400 saying this model computes embeddings only; the same limits
 apply as on a generation server (API key, body size, concurrent requests).
@@ -24,8 +25,10 @@ from engine_builder.server import embeddings_api
 from engine_builder.server.auth import ApiKeyMiddleware
 from engine_builder.server.body_limit import BodyLimitMiddleware
 from engine_builder.server.config import ServerConfig
+from engine_builder.server.embedding_metrics import embedding_metrics
 from engine_builder.server.embeddings_api import UNSUPPORTED, EmbeddingService
 from engine_builder.server.http_errors import UNAVAILABLE, ApiError, error_response, install_error_handlers
+from engine_builder.server.metrics import CONTENT_TYPE
 from engine_builder.util.version import __version__
 
 GENERATION_ROUTES = ("/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions")
@@ -57,6 +60,12 @@ def create_embedding_app(service: EmbeddingService) -> FastAPI:
             return error_response(request, UNAVAILABLE, "the embedding batcher has stopped (see the server log); "
                                                         "restart the server")
         return JSONResponse({"status": "ok", "model": config.model_name})
+
+    exposition = embedding_metrics(service.batcher.stats, lambda: service.active)
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", tags=["OpenAI"], summary="The model this server serves (OpenAI)")
     async def models() -> dict[str, Any]:
