@@ -104,7 +104,7 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
     fmt = prequantized.detect(source.hf_config)
     converter = get_converter(source.hf_config.get("model_type"))
     try:
-        model = converter.config_from_hf(source.hf_config)
+        model = converter.config_from_source(source.hf_config, getattr(source, "root", None))
     # a field of the wrong type or missing (rms_norm_eps "tiny"), or absurd (num_hidden_layers 2**66 overflows a tuple)
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).replace("\n", " ")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from converters.transforms import Transform
@@ -62,6 +63,12 @@ class Converter:
     @classmethod
     def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         raise NotImplementedError
+
+    @classmethod
+    def config_from_source(cls, hf: dict[str, Any], root: Path | None) -> ModelConfig:
+        """config_from_hf; ROOT is the source dir (None for a GGUF file), for architectures that also read
+        files beside config.json (an encoder's sentence-transformers pooling modules)."""
+        return cls.config_from_hf(hf)
 
 
 @dataclass(frozen=True)

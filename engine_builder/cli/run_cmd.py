@@ -47,6 +47,9 @@ def run(
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against "
                                                                 "the sha256 its build recorded (trusted dirs "
                                                                 "only).")] = False,
+    embed: Annotated[list[str] | None, typer.Option("--embed", help="Encoder engines: print this text's "
+                                                                    "embedding (a JSON array); repeat for "
+                                                                    "several.")] = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -62,6 +65,10 @@ def run(
     SamplingParams(**user)  # invalid values fail here, before the engine is loaded
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if embed:
+        from engine_builder.cli.run_embed import run_embed
+
+        return run_embed(engine_dir, embed, backend, verify=not no_verify, as_json=as_json)
     text = _read_prompt(prompt)
 
     from engine_builder.runner.llm import LLM

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine_builder.formats.dataclass_io import from_dict
+from engine_builder.formats.encoder_spec import encoder_linears, encoder_shapes
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError
@@ -32,6 +33,9 @@ Shapes = dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]
 
 def expected_shapes(cfg: ModelConfig) -> Shapes:
     """Canonical name -> (shape, rows of each fused part or None), in file order."""
+    if cfg.encoder is not None:
+        return encoder_shapes(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers,
+                              cfg.max_position_embeddings, cfg.encoder)
     h, res = cfg.hidden_size, cfg.block.residual
     shapes: Shapes = {"embed.weight": ((cfg.vocab_size, h), None)}
     if cfg.position_embedding == "learned":
@@ -105,6 +109,8 @@ def linear_prefixes(model: ModelConfig) -> tuple[str, ...]:
     """Every linear a scheme may quantize, by canonical prefix (FORMAT.md), in checkpoint order.
 
     lm_head is listed for tied models too: quantized, it gets its own tensors beside embed.weight."""
+    if model.encoder is not None:
+        return encoder_linears(model.num_layers)
     per_layer = ("attn.qkv", "attn.o", *_MLP_LINEARS[model.block.mlp.kind])
     return (*(f"layers.{i}.{p}" for i in range(model.num_layers) for p in per_layer), "lm_head")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from engine_builder.formats.dataclass_io import check_types
+from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.util.errors import ConfigError
 
 NormKind = Literal["rms_norm", "layer_norm"]
@@ -139,6 +140,8 @@ class ModelConfig:
     # rotary: RoPE inside attention (rope); learned (gpt2): pos_embed.weight [max_position_embeddings, hidden]
     # added to the token embeddings, no rotary, and no position past max_position_embeddings
     position_embedding: PositionKind = "rotary"
+    # BERT-family encoders (formats/encoder_spec.py): no KV cache, no rotary; pooled embeddings out
+    encoder: EncoderSpec | None = None
 
     @property
     def q_dim(self) -> int:
@@ -182,7 +185,9 @@ class ModelConfig:
         if self.position_embedding == "learned" and self.rope.dim:
             raise ConfigError(f"model config: learned position embeddings take no rotary, but rope.dim is "
                               f"{self.rope.dim}; set it to 0")
-        if self.position_embedding == "rotary" and (not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2):
+        if self.encoder is not None:
+            self.encoder.validate(self.max_position_embeddings)
+        elif self.position_embedding == "rotary" and (not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2):
             raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
         _positive("final_logit_softcap", self.final_logit_softcap)
         norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp

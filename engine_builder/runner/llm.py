@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine_builder.runner.backend_choice import open_backend
+from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.prefix_cache import PrefixCache
@@ -105,6 +108,12 @@ class LLM:
         onnxruntime backend only, and not for longrope models (their cached keys change past a length)."""
         self.engine = EngineDir.load(engine_dir, verify=verify)
         self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
+        self.embedder: Embedder | None = None
+        if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
+            self.embedder = self.backend = Embedder(self.engine, self.tokenizer, backend, threads)
+            self.backend_name, self.backend_reason = self.embedder.backend_name, self.embedder.backend_reason
+            self._generator = NoGeneration(self.engine)  # type: ignore[assignment]
+            return
         self.backend, choice = open_backend(self.engine, backend, threads=threads)
         self.backend_name, self.backend_reason = choice.name, choice.reason
         eos = self.engine.generation_config.get("eos_token_id", [])
@@ -171,6 +180,10 @@ class LLM:
     def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> TokenStream:
         ids = [self.encode_chat(messages)]
         return TokenStream(self, self._generator.start(ids, self._params(params, 1)), None)
+
+    def embed(self, texts: str | Sequence[str]) -> np.ndarray:
+        """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list."""
+        return embed_texts(self.embedder, self.engine, texts)
 
     @property
     def generator(self) -> Generator:

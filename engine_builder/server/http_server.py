@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import socket
 import sys
@@ -68,7 +69,10 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
         raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
     engine = EngineDir.load(engine_dir)
     name = model_name if model_name is not None else Path(engine_dir).resolve().name
-    config = ServerConfig.for_engine(engine.limits, name, max_input_tokens=max_input_tokens,
+    limits = engine.limits
+    if engine.model.encoder is not None:  # no generated tokens: ServerConfig's "total" room is the input's own
+        limits = dataclasses.replace(limits, max_seq_len=limits.max_input_len + 1)
+    config = ServerConfig.for_engine(limits, name, max_input_tokens=max_input_tokens,
                                      max_total_tokens=max_total_tokens,
                                      max_concurrent_requests=max_concurrent_requests, api_key=api_key,
                                      max_request_bytes=max_request_bytes, request_timeout=request_timeout,
@@ -78,6 +82,13 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
     sock = _bind(host, port)
+    if engine.model.encoder is not None:  # an embedding model: server/embedding_app.py
+        from engine_builder.server.embedding_app import embedding_app
+
+        with contextlib.closing(sock), embedding_app(engine_dir, config, backend=backend, threads=threads,
+                                                     log=log) as app, _signals_ignored_after_uvicorn():
+            asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
+        return
 
     from engine_builder.runner.llm import LLM
     from engine_builder.server.asgi_app import create_app

@@ -1,0 +1,140 @@
+"""Embeddings from an encoder engine dir (BERT family): texts -> pooled, optionally unit-length vectors.
+
+    embedder = Embedder(EngineDir.load("minilm-engine"), tokenizer)
+    vectors = embedder.embed(["A sentence.", "Another one."]).embeddings     # float32 [2, hidden]
+
+Texts are tokenized with the engine's tokenizer (special tokens added, truncated to the longest input
+the engine takes: its max_input_len, sentence-transformers' max_seq_length), sorted by length and run
+in batches of up to max_batch rows, each padded only to its own longest text: a batch of mixed lengths
+wastes little on padding, as sentence-transformers' encode does. The graph pools and normalizes
+(formats/encoder_spec.py), so a call returns the final vectors.
+
+The onnxruntime twin runs here; a TensorRT engine of an encoder is built and shipped, but this runtime
+does not drive it yet (no GPU could test it), so backend "tensorrt" is refused with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine_builder.formats import encoder_spec as io
+from engine_builder.formats.encoder_spec import EncoderSpec
+from engine_builder.runner.engine import EngineDir
+from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
+
+BACKEND_REASON = "encoder engines run on the onnxruntime twin"
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    embeddings: np.ndarray  # float32 [texts, hidden], in input order
+    token_counts: tuple[int, ...]  # tokens each text became (special tokens included), for usage
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
+class Embedder:
+    def __init__(self, engine: EngineDir, tokenizer: Any, backend: str = "auto", threads: int | None = None) -> None:
+        if engine.model.encoder is None:
+            raise InputError(f"{engine.path} is a text-generation ({engine.model.architecture}) engine, not an "
+                             "encoder: embeddings need an encoder engine (e.g. a BERT / sentence-transformers model)")
+        if backend not in ("auto", "onnxruntime"):
+            raise UnsupportedError(f"backend {backend!r} cannot run encoder engines yet; {BACKEND_REASON} "
+                                   "(use --backend onnxruntime or auto)")
+        import onnxruntime as ort
+
+        from engine_builder.runner.ort_backend import session_options
+
+        self.engine, self.tokenizer = engine, tokenizer
+        self.spec: EncoderSpec = engine.model.encoder
+        self.dimensions = engine.model.hidden_size
+        self.max_batch = engine.limits.max_batch
+        self.max_tokens = min(engine.limits.max_input_len,
+                              self.spec.max_tokens(engine.model.max_position_embeddings))
+        self.backend_name, self.backend_reason = "onnxruntime", BACKEND_REASON
+        self._session = ort.InferenceSession(str(engine.onnx_path), session_options(engine.dtype, threads),
+                                             providers=["CPUExecutionProvider"])
+        self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.spec.pad_token_id)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, special tokens added, truncated to max_tokens (as sentence-transformers does)."""
+        texts = check_texts(texts)
+        return [list(ids) for ids in self.tokenizer(texts, truncation=True, max_length=self.max_tokens,
+                                                    add_special_tokens=True).input_ids]
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingOutput:
+        return self.embed_ids(self.tokenize(texts))
+
+    def embed_ids(self, token_ids: Sequence[Sequence[int]]) -> EmbeddingOutput:
+        """Vectors of already tokenized texts, in order; each row at most max_tokens long."""
+        if not token_ids:
+            raise InputError("no texts given; pass at least one")
+        vocab = self.engine.model.vocab_size
+        for ids in token_ids:
+            if not ids:
+                raise InputError("a text became zero tokens; pass non-empty token lists")
+            if len(ids) > self.max_tokens:
+                raise CapacityError(f"an input has {len(ids)} tokens but this engine takes at most {self.max_tokens}; "
+                                    "shorten it (tokenize() truncates)")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise InputError(f"token ids must be in [0, {vocab}) for this model")
+        out = np.empty((len(token_ids), self.dimensions), np.float32)
+        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))  # similar lengths share a batch
+        for start in range(0, len(order), self.max_batch):
+            rows = order[start:start + self.max_batch]
+            out[rows] = self._run([token_ids[i] for i in rows])
+        return EmbeddingOutput(out, tuple(len(ids) for ids in token_ids))
+
+    def _run(self, batch: list[Sequence[int]]) -> np.ndarray:
+        width = max(len(ids) for ids in batch)
+        input_ids = np.full((len(batch), width), self._pad, np.int64)  # [rows, width], right-padded
+        mask = np.zeros((len(batch), width), np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, :len(ids)] = ids
+            mask[row, :len(ids)] = 1
+        (embeddings,) = self._session.run([io.EMBEDDINGS], {io.INPUT_IDS: input_ids, io.ATTENTION_MASK: mask})
+        return embeddings  # [rows, hidden]
+
+    def close(self) -> None:
+        self._session = None
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise InputError("no texts given; pass a string or a list of strings")
+    bad = next((t for t in texts if not isinstance(t, str)), None)
+    if bad is not None:
+        raise InputError(f"texts must be strings, got {type(bad).__name__}")
+    if any(not t for t in texts):
+        raise InputError("a text is empty; pass non-empty strings")
+    return texts
+
+
+class NoGeneration:
+    """Stands for the Generator of an LLM over an encoder engine: any use says what to do instead."""
+
+    def __init__(self, engine: EngineDir) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        raise InputError(f"{self._engine.path} is an encoder ({self._engine.model.architecture}) engine: it "
+                         "computes embeddings, not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or "
+                         "POST /v1/embeddings")
+
+
+def embed_texts(embedder: Embedder | None, engine: EngineDir, texts: str | Sequence[str]) -> np.ndarray:
+    """LLM.embed: [hidden] for one string, [texts, hidden] for a list (as sentence-transformers' encode)."""
+    if embedder is None:
+        raise InputError(f"{engine.path} is a text-generation ({engine.model.architecture}) engine; embeddings "
+                         "need an encoder engine (convert a BERT / sentence-transformers model)")
+    vectors = embedder.embed(check_texts(texts)).embeddings
+    return vectors[0] if isinstance(texts, str) else vectors
