@@ -120,8 +120,8 @@ def _input(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
 
 
 def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict[LayerType, RotaryTables]:
-    """cos/sin per layer type; the same tables unless local layers have their own base (gemma3). None
-    without rotary (learned positions)."""
+    """cos/sin per layer type; the same tables unless local layers have their own base (gemma3). Empty
+    without rotary (learned positions: attention rotates nothing)."""
     by_kind: dict[bool, RotaryTables] = {}
     tables: dict[LayerType, RotaryTables] = {}
     if cfg.position_embedding != "rotary":

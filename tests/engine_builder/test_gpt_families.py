@@ -116,6 +116,14 @@ def test_greedy_generation_matches_transformers(family, name):
     assert list(got.token_ids) == want_tokens
     assert np.allclose([lp.logprob for lp in got.logprobs], want_logprobs, atol=TOL)
 
+    # a batch of two prompts of different lengths: each row's positions (learned or rotary) are its own
+    short = prompt_of(7, seed=11)
+    want_short, _ = hf_greedy(hf_dir, short, STEPS)
+    with LLM(engine, backend="onnxruntime") as llm:
+        both = llm.generate(prompt_token_ids=[prompt, short], params=SamplingParams(
+            temperature=0, max_new_tokens=STEPS, ignore_eos=True))
+    assert [list(o.token_ids) for o in both] == [want_tokens, want_short]
+
     # the graph TensorRT-RTX parsed, run in onnxruntime
     tokens, logits = OrtDecoder(engine / TRT_MODEL).greedy(prompt, STEPS)
     errors = [float(np.abs(g - w).max()) for g, w in zip(logits, want_logits, strict=True)]
