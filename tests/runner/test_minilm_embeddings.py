@@ -16,7 +16,9 @@ from converters.convert import convert
 from engine_builder import LLM
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder
+from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError
 
 TEXTS = [
@@ -117,3 +119,5 @@ def test_encoders_and_decoders_refuse_each_others_work(decoder_engine, minilm_en
                       "--embed")
     with LLM(decoder_engine) as llm, pytest.raises(InputError, match="text-generation .* encoder engine"):
         llm.embed("w5 w6")
+    with pytest.raises(InputError, match="encoder .* engine: it computes embeddings"):  # eval, bench: a decoder's
+        open_backend(EngineDir.load(minilm_engine))
