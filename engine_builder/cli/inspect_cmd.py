@@ -39,6 +39,10 @@ def inspect(
     if (model := m.model) is not None:
         table.add_row("model", f"{model.architecture}: {model.num_layers} layers, hidden {model.hidden_size}, "
                                f"{model.num_heads}/{model.num_kv_heads} heads, vocab {model.vocab_size}")
+        if (enc := model.encoder) is not None:  # what `run --embed` and /v1/embeddings return
+            normalized = ", L2-normalized" if enc.pooling.normalize else ""
+            table.add_row("embeddings",
+                          f"encoder, {enc.pooling.mode} pooling{normalized}, {model.hidden_size} dimensions")
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""

@@ -46,6 +46,9 @@ def choose_backend(engine: EngineDir, backend: str = "auto") -> BackendChoice:
 def open_backend(engine: EngineDir, backend: str = "auto", *,
                  threads: int | None = None) -> tuple[Backend, BackendChoice]:
     """The chosen backend, opened. threads: onnxruntime intra-op threads (default: physical cores)."""
+    if engine.model.encoder is not None:  # the backends step a decoder; encoders have runner/embedder.py
+        raise InputError(f"{engine.path} is an encoder ({engine.model.architecture}) engine: it computes embeddings, "
+                         "not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or `trtbuild serve`")
     choice = choose_backend(engine, backend)
     cls = next(c for c in registered_backends() if c.name == choice.name)
     return cls.open(engine, threads=threads), choice

@@ -4,9 +4,9 @@
     vectors = embedder.embed(["A sentence.", "Another one."]).embeddings     # float32 [2, hidden]
 
 Texts are tokenized with the engine's tokenizer (special tokens added, truncated to the longest input
-the engine takes: its max_input_len, sentence-transformers' max_seq_length), sorted by length and run
-in batches of up to max_batch rows, each padded only to its own longest text: a batch of mixed lengths
-wastes little on padding, as sentence-transformers' encode does. The graph pools and normalizes
+the engine takes: its max_input_len, sentence-transformers' max_seq_length), sorted by length and cut
+into batches of up to max_batch rows, each padded only to its own longest text, where the cut saves more
+padding than an engine call costs (plan_batches): a batch of mixed lengths pays for little padding. The graph pools and normalizes
 (formats/encoder_spec.py), so a call returns the final vectors.
 
 The onnxruntime twin runs here; a TensorRT engine of an encoder is built and shipped, but this runtime
@@ -27,6 +27,10 @@ from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
 
 BACKEND_REASON = "encoder engines run on the onnxruntime twin"
+# what one more engine call costs, in padded tokens: the call itself and smaller matrix products. A batch of
+# mixed lengths is split where the padding saved is worth more (MiniLM, 32 sentences of 4..77 tokens: 2464
+# padded tokens in one call, 1100 in five)
+BATCH_OVERHEAD_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,8 @@ class Embedder:
                 raise InputError(f"token ids must be in [0, {vocab}) for this model")
         out = np.empty((len(token_ids), self.dimensions), np.float32)
         order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))  # similar lengths share a batch
-        for start in range(0, len(order), self.max_batch):
-            rows = order[start:start + self.max_batch]
+        for start, end in plan_batches([len(token_ids[i]) for i in order], self.max_batch):
+            rows = order[start:end]
             out[rows] = self._run([token_ids[i] for i in rows])
         return EmbeddingOutput(out, tuple(len(ids) for ids in token_ids))
 
@@ -103,6 +107,26 @@ class Embedder:
 
     def close(self) -> None:
         self._session = None
+
+
+def plan_batches(lengths: Sequence[int], max_batch: int,
+                 overhead: int = BATCH_OVERHEAD_TOKENS) -> list[tuple[int, int]]:
+    """Cut LENGTHS (ascending) into runs of at most MAX_BATCH rows, each padded to its last (longest) row,
+    so that padded tokens + OVERHEAD per engine call are fewest (dynamic programming over the cut points).
+    A batch of mixed lengths then pays for its short texts' own length, not for the longest text's."""
+    n = len(lengths)
+    best = [0] + [float("inf")] * n  # best[end]: the cost of rows [0, end)
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(max(0, end - max_batch), end):
+            cost = best[start] + (end - start) * lengths[end - 1] + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    runs, end = [], n
+    while end:
+        runs.append((cut[end], end))
+        end = cut[end]
+    return runs[::-1]
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

@@ -16,7 +16,9 @@ from converters.convert import convert
 from engine_builder import LLM
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder
+from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError
 
 TEXTS = [
@@ -110,10 +112,12 @@ def decoder_engine(tiny_model_dir, tmp_path_factory):
     return build_engine(root / "ckpt", root / "engine", Limits(2, 32, 64))
 
 
-def test_encoders_and_decoders_refuse_each_others_work(decoder_engine, minilm_engine):
+def test_encoders_and_decoders_refuse_each_others_work(decoder_engine, minilm_engine, minilm):
     assert_user_error(trtbuild("run", decoder_engine, "--embed", "w5 w6", timeout=300), "text-generation",
                       "encoder engine")
-    assert_user_error(trtbuild("run", minilm_engine, "--prompt", "Hello", timeout=300), "encoder (bert) engine",
-                      "--embed")
+    with pytest.raises(InputError, match="encoder .* engine: .* run --embed"):
+        minilm.stream("Hello")  # what `trtbuild run --prompt` calls
     with LLM(decoder_engine) as llm, pytest.raises(InputError, match="text-generation .* encoder engine"):
         llm.embed("w5 w6")
+    with pytest.raises(InputError, match="encoder .* engine: it computes embeddings"):  # eval, bench: a decoder's
+        open_backend(EngineDir.load(minilm_engine))

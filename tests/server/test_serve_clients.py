@@ -145,3 +145,10 @@ def test_tgi_routes_by_path(server, smollm2_llm):
         assert s.headers["content-type"].startswith("text/event-stream")
         events = list(sse_data(s.iter_lines()))
     assert "".join(e["token"]["text"] for e in events) == expected == events[-1]["generated_text"]
+
+
+def test_a_generation_server_refuses_embeddings(oai, server):
+    with pytest.raises(openai.BadRequestError, match="text-generation model"):
+        oai.embeddings.create(model=MODEL, input="The capital of France")
+    r = httpx.post(f"{server.url}/embed", json={"inputs": "The capital of France"}, timeout=60)
+    assert r.status_code == 400 and "encoder engine" in r.json()["error"]

@@ -1,7 +1,7 @@
 """A live `trtbuild serve` of the real all-MiniLM-L6-v2 engine, through the official openai client and
 TEI's /embed: vectors equal to LLM.embed (float and base64), usage, the 400 for `dimensions` and for
-generation routes, concurrent requests batched into fewer engine calls; and a text-generation server
-refusing embeddings."""
+generation routes, concurrent requests batched into fewer engine calls. (A text-generation server refusing
+embeddings: tests/server/test_serve_clients.py, on its SmolLM2 server.)"""
 
 from __future__ import annotations
 
@@ -101,11 +101,3 @@ def test_concurrent_requests_are_batched(server, expected):
     requests = after["trtbuild_embedding_requests_total"] - before["trtbuild_embedding_requests_total"]
     steps = after["trtbuild_embedding_steps_total"] - before["trtbuild_embedding_steps_total"]
     assert requests == 32 and steps < requests, (requests, steps)
-
-
-def test_a_generation_server_refuses_embeddings(tiny_server):
-    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    with pytest.raises(openai.BadRequestError, match="text-generation model"):
-        client.embeddings.create(model="x", input="w5 w6")
-    r = httpx.post(f"{tiny_server.url}/embed", json={"inputs": "w5"}, timeout=60)
-    assert r.status_code == 400 and "encoder engine" in r.json()["error"]
