@@ -1,6 +1,7 @@
 """The MLP of a decoder layer (MlpSpec.kind).
 
     gated   down(act(gate) * up), gate and up from one fused [gate; up] matmul
+    moe     top-k routed gated experts (+ a shared expert), moe.py
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import onnx_ir as ir
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.network.builder import GraphBuilder
 from engine_builder.network.linear import linear
+from engine_builder.network.moe import moe_mlp
 from engine_builder.network.weights import CheckpointWeights
 
 Emit = Callable[[GraphBuilder, ir.Value], ir.Value]
@@ -39,4 +41,5 @@ _ACTIVATIONS: dict[str, Emit] = {
     "gelu_tanh": lambda b, x: b.op("Gelu", x, approximate="tanh"),
 }
 # MlpSpec.kind -> its emitter
-_MLPS = {"gated": gated_mlp}
+_MLPS = {"gated": gated_mlp,
+         "moe": lambda b, x, cfg, w, p: moe_mlp(b, x, cfg, w, p, _ACTIVATIONS[cfg.block.mlp.activation])}

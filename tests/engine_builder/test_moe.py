@@ -1,0 +1,136 @@
+"""Mixture-of-experts decoders (mixtral, qwen2_moe, qwen3_moe): tiny random HF model -> convert -> one
+float32 build of both targets (a real TensorRT-RTX engine and the twin) -> greedy tokens and logits equal
+to transformers' `generate`, through both the twin (model.onnx) and the graph TensorRT parsed (model.trt.onnx).
+
+The 20-token prefill runs the dense expert form (20 * top_k >= num_experts) and every decode step the
+gathered one (1 * top_k < num_experts), so both branches of the If are held to transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from cli_process import assert_user_error, trtbuild
+from hf_reference import hf_greedy, load_hf, prompt_of
+from ort_helpers import OrtDecoder
+from tiny_models import COMMON
+
+from converters.convert import convert
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.manifest import ORT_MODEL, TRT_MODEL
+from engine_builder.formats.model_config import MlpSpec
+from engine_builder.util.errors import TrtbuildError
+
+TOL = 1e-4
+STEPS = 17  # the prefill's token + 16 decode steps
+MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
+# family -> (config class, model class, overrides): 8 experts, top-2; qwen2_moe with its shared expert
+# and gate, norm_topk_prob on for qwen3_moe (off for qwen2_moe, as its released models have it)
+FAMILIES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, intermediate_size=48)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
+}
+
+
+def tiny_moe(family: str, out: Path, **extra: object) -> Path:
+    """A 2-layer random MoE; router weights spread (qwen's init is zeros: every expert tied, TopK's
+    tie-break would decide) and norms moved off 1 so a wrong router or norm changes the tokens."""
+    config_cls, model_cls, overrides = FAMILIES[family]
+    config = getattr(transformers, config_cls)(**{**COMMON, **MOE, **overrides, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                p.copy_(torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def moe_engine(request, tmp_path_factory) -> tuple[str, Path, Path]:
+    """(family, hf dir, engine dir): one float32 build of both targets per family."""
+    base = tmp_path_factory.mktemp(request.param)
+    hf_dir = tiny_moe(request.param, base / "hf")
+    convert(hf_dir, base / "ckpt", dtype="float32")
+    build(base / "ckpt", base / "engine", BuildConfig(
+        targets=("tensorrt", "onnxruntime"), dtype="float32",
+        limits=Limits(max_batch=2, max_input_len=64, max_seq_len=128), compute_capabilities=("sm86",)))
+    return request.param, hf_dir, base / "engine"
+
+
+def test_routing_spec_matches_transformers(moe_engine):
+    family, hf_dir, engine = moe_engine
+    hf = transformers.AutoConfig.from_pretrained(hf_dir)
+    mlp = CheckpointConfig.load(engine.parent / "ckpt").model.block.mlp
+    shared = getattr(hf, "shared_expert_intermediate_size", 0)
+    assert mlp == MlpSpec(kind="moe", num_experts=8, top_k=2,
+                          norm_topk=True if family == "mixtral" else hf.norm_topk_prob,
+                          shared_expert_size=shared, shared_expert_gate=bool(shared))
+    manifest = json.loads((engine / "config.json").read_text())
+    assert manifest["model"]["block"]["mlp"]["num_experts"] == 8
+    # the TensorRT-RTX engine holds both expert forms: an If (CONDITION) per layer, its gathers
+    layers = manifest["tensorrt"]["network_layer_types"]
+    assert layers["CONDITION"] == 2 and layers["TOPK"] == 2 and layers["GATHER"] >= 4
+    assert (engine / "rank0.engine").stat().st_size > 0
+
+
+@pytest.mark.parametrize("graph", [ORT_MODEL, TRT_MODEL])
+def test_greedy_tokens_and_logits_match_transformers(moe_engine, graph):
+    family, hf_dir, engine = moe_engine
+    prompt = prompt_of(20, seed=7)
+    want_tokens, want_logits = hf_greedy(hf_dir, prompt, STEPS)
+    tokens, logits = OrtDecoder(engine / graph).greedy(prompt, STEPS)
+    errors = [float(np.abs(got - want).max()) for got, want in zip(logits, want_logits, strict=True)]
+    assert max(errors) <= TOL, f"max |logits - HF| per step: {[f'{e:.1e}' for e in errors]}"
+    assert tokens == want_tokens
+    assert len(set(tokens)) > STEPS // 2  # a varied continuation, not one token repeated
+
+
+def test_tokens_route_to_many_experts(moe_engine):
+    """The test above can only fail on routing if tokens really pick different experts."""
+    family, hf_dir, _ = moe_engine
+    model = load_hf(hf_dir)
+    with torch.no_grad():
+        out = model(torch.tensor([prompt_of(20, seed=7)]), output_router_logits=True)
+    chosen = torch.topk(out.router_logits[0], 2, dim=-1).indices
+    assert len(set(chosen.flatten().tolist())) >= 6
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (dict(num_experts_per_tok=9), "top_k must be in 1..num_experts (8)"),
+    (dict(mlp_only_layers=[1]), "dense MLP"),
+])
+def test_bad_moe_config_is_one_line_error(tmp_path, extra, needle):
+    family = "qwen3_moe"
+    hf_dir = tiny_moe(family, tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **extra}))
+    with pytest.raises(TrtbuildError) as err:
+        convert(hf_dir, tmp_path / "ckpt")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_missing_expert_through_the_cli(tmp_path):
+    """An expert tensor gone from the checkpoint: exit 2, one line, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = tiny_moe("mixtral", tmp_path / "hf")
+    state = load_file(hf_dir / "model.safetensors")
+    del state["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+    save_file(state, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert_user_error(trtbuild("convert", hf_dir, tmp_path / "ckpt"), "layers.1.mlp.experts.gate_up.weight")
+    assert not (tmp_path / "ckpt").exists()
