@@ -25,6 +25,7 @@ make prefill proportional too, but TensorRT-RTX 1.7 has no NonZero without a plu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import onnx_ir as ir
@@ -35,6 +36,8 @@ from engine_builder.network.linear import linear
 from engine_builder.network.weights import CheckpointWeights
 
 Emit = Callable[[GraphBuilder, ir.Value], ir.Value]
+# metadata key on each expert If: its operands by value name (passes/lower_ort_moe.py reads it)
+MOE_METADATA = "trtbuild.moe"
 
 
 def moe_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights, p: str,
@@ -56,6 +59,10 @@ def moe_mlp(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: CheckpointWeights
                  lambda: _dense_experts(b, flat, gate_up, down, weights, chosen, inter, spec.num_experts, activation),
                  name="experts")
     routed.shape, routed.dtype = ir.Shape([None, h]), b.dtype
+    # what passes/lower_ort_moe.py needs to replace the If by onnxruntime's per-expert form
+    routed.producer().metadata_props[MOE_METADATA] = json.dumps({
+        "experts": spec.num_experts, "top_k": spec.top_k, "inter": inter, "activation": spec.activation,
+        "x": flat.name, "gate_up": gate_up.name, "down": down.name, "weights": weights.name, "chosen": chosen.name})
     if spec.shared_expert_size:
         with b.scope("shared"):
             routed = b.op("Add", routed, _shared_expert(b, flat, cfg, w, p, activation))

@@ -2,8 +2,9 @@
 float32 build of both targets (a real TensorRT-RTX engine and the twin) -> greedy tokens and logits equal
 to transformers' `generate`, through both the twin (model.onnx) and the graph TensorRT parsed (model.trt.onnx).
 
-The 20-token prefill runs the dense expert form (20 * top_k >= num_experts) and every decode step the
-gathered one (1 * top_k < num_experts), so both branches of the If are held to transformers.
+The twin runs lower_ort_moe's per-expert form; model.trt.onnx keeps the portable If, whose dense branch
+the 20-token prefill takes (20 * top_k >= num_experts) and whose gathered branch every decode step takes
+(1 * top_k < num_experts): all three expert forms are held to transformers.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -85,6 +87,15 @@ def test_routing_spec_matches_transformers(moe_engine):
     layers = manifest["tensorrt"]["network_layer_types"]
     assert layers["CONDITION"] == 2 and layers["TOPK"] == 2 and layers["GATHER"] >= 4
     assert (engine / "rank0.engine").stat().st_size > 0
+    # the twin: lower_ort_moe replaced each If by one NonZero-selected GEMM pair per expert
+    assert {r["name"]: r["matches"] for r in manifest["passes"]["onnxruntime"]}["lower_ort_moe"] == 2
+    assert "lower_ort_moe" not in {r["name"] for r in manifest["passes"]["tensorrt"]}
+    twin = onnx.load(engine / ORT_MODEL, load_external_data=False).graph.node
+    trt = onnx.load(engine / TRT_MODEL, load_external_data=False).graph.node
+    assert [n.op_type for n in twin].count("NonZero") == 2 * 8
+    assert not [n for n in twin if n.name.endswith("mlp/experts")]
+    assert [n.op_type for n in trt if n.name.endswith("mlp/experts")] == ["If", "If"]
+    assert "NonZero" not in [n.op_type for n in trt]
 
 
 @pytest.mark.parametrize("graph", [ORT_MODEL, TRT_MODEL])
@@ -134,3 +145,16 @@ def test_missing_expert_through_the_cli(tmp_path):
     save_file(state, hf_dir / "model.safetensors", metadata={"format": "pt"})
     assert_user_error(trtbuild("convert", hf_dir, tmp_path / "ckpt"), "layers.1.mlp.experts.gate_up.weight")
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_lower_ort_moe_is_idempotent_and_explains_itself(moe_engine):
+    import onnx_ir as ir
+
+    from passes import get_pass
+
+    _, _, engine = moe_engine
+    model = ir.load(engine / TRT_MODEL)  # the portable If, as TensorRT got it
+    moe_pass = get_pass("lower_ort_moe")
+    assert moe_pass.apply(model) == 2
+    assert moe_pass.apply(model) == 0
+    assert moe_pass.why_not(model) == "no MoE If (network/moe.py) in the graph"
