@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stdout
+from engine_builder.formats.moe_layout import describe_moe
 
 
 def inspect(
@@ -39,6 +40,8 @@ def inspect(
     if (model := m.model) is not None:
         table.add_row("model", f"{model.architecture}: {model.num_layers} layers, hidden {model.hidden_size}, "
                                f"{model.num_heads}/{model.num_kv_heads} heads, vocab {model.vocab_size}")
+        if (experts := describe_moe(model)) is not None:
+            table.add_row("experts", experts)
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""

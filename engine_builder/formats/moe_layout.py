@@ -40,3 +40,16 @@ def moe_mlp_shapes(cfg: ModelConfig, p: str) -> Shapes:
             shapes[p + "shared_gate.weight"] = ((1, h), None)
     return shapes
 
+
+
+def describe_moe(cfg: ModelConfig) -> str | None:
+    """One line for `trtbuild inspect`: experts, routing, shared expert; None for a dense MLP."""
+    spec = cfg.block.mlp
+    if spec.kind != "moe":
+        return None
+    text = (f"{spec.num_experts} experts of width {cfg.intermediate_size}, {spec.activation}; router: softmax, "
+            f"top-{spec.top_k}, {'renormalized to sum 1' if spec.norm_topk else 'not renormalized'}")
+    if spec.shared_expert_size:
+        gate = " under a sigmoid gate" if spec.shared_expert_gate else ""
+        text += f"; shared expert of width {spec.shared_expert_size}{gate}"
+    return text

@@ -31,9 +31,11 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.quant_layout import weight_kind
 from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.weights import CheckpointWeights
+from engine_builder.util.errors import UnsupportedError
 
 Emit = Callable[[GraphBuilder, ir.Value], ir.Value]
 # metadata key on each expert If: its operands by value name (passes/lower_ort_moe.py reads it)
@@ -84,8 +86,24 @@ def _route(b: GraphBuilder, x: ir.Value, router: ir.Value, top_k: int, norm_topk
 
 
 def _stack(b: GraphBuilder, w: CheckpointWeights, prefix: str, experts: int, inputs: int) -> ir.Value:
-    """The [E * out, in] expert stack of linear PREFIX as [E, out, in], in the compute dtype."""
-    return b.op("Reshape", w[prefix + ".weight"], b.ints([experts, -1, inputs]))
+    """The [E * out, in] expert stack of linear PREFIX as [E, out, in], in the compute dtype.
+
+    A quantized stack (weight-only int8 per channel or blocked, int4 blocked: FORMAT.md's [out, in]
+    layout, so each expert's rows keep their own scales) is dequantized whole, as linear() does."""
+    q = w.quantization
+    if prefix not in q.quantized:
+        return b.op("Reshape", w[prefix + ".weight"], b.ints([experts, -1, inputs]))
+    kind = weight_kind(q)
+    if q.activation != "none" or kind == "fp8" or q.scheme == "gguf":
+        raise UnsupportedError(f"{prefix}: MoE experts take weight-only int8/int4 quantization, not {q.scheme}; "
+                               f"re-run `trtbuild convert --quant int8_wo` or int4_wo (or --exclude '*.experts.*')")
+    weight, scale = w.stored(prefix + ".weight"), w[prefix + ".weight_scale"]
+    if kind == "int8" and q.group_size is None:
+        weight = b.op("DequantizeLinear", weight, scale, axis=0)  # scale [E * out]
+    else:
+        zero = w.stored(prefix + ".weight_zero") if q.zero_point else None
+        weight = b.op("DequantizeLinear", weight, scale, zero, axis=1, block_size=q.group_size)
+    return b.op("Reshape", weight, b.ints([experts, -1, inputs]))
 
 
 def _gathered_experts(b: GraphBuilder, x: ir.Value, gate_up: ir.Value, down: ir.Value, weights: ir.Value,

@@ -38,7 +38,7 @@ MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
 FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, intermediate_size=48)),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
-        num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False)),
+        num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
 }
@@ -87,6 +87,12 @@ def test_routing_spec_matches_transformers(moe_engine):
     layers = manifest["tensorrt"]["network_layer_types"]
     assert layers["CONDITION"] == 2 and layers["TOPK"] == 2 and layers["GATHER"] >= 4
     assert (engine / "rank0.engine").stat().st_size > 0
+    proc = trtbuild("inspect", engine)  # the experts row, whatever the table's wrapping
+    assert proc.returncode == 0, proc.stderr
+    routing = "renormalized to sum 1" if mlp.norm_topk else "not renormalized"
+    shared = f"; shared expert of width {shared} under a sigmoid gate" if shared else ""
+    assert (f"experts 8 experts of width {CheckpointConfig.load(engine.parent / 'ckpt').model.intermediate_size}, "
+            f"silu; router: softmax, top-2, {routing}{shared}") in " ".join(proc.stdout.replace("│", " ").split())
     # the twin: lower_ort_moe replaced each If by one NonZero-selected GEMM pair per expert
     assert {r["name"]: r["matches"] for r in manifest["passes"]["onnxruntime"]}["lower_ort_moe"] == 2
     assert "lower_ort_moe" not in {r["name"] for r in manifest["passes"]["tensorrt"]}
@@ -158,3 +164,40 @@ def test_lower_ort_moe_is_idempotent_and_explains_itself(moe_engine):
     assert moe_pass.apply(model) == 2
     assert moe_pass.apply(model) == 0
     assert moe_pass.why_not(model) == "no MoE If (network/moe.py) in the graph"
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe_hf(tmp_path_factory) -> Path:
+    return tiny_moe("qwen2_moe", tmp_path_factory.mktemp("qwen2_moe_q") / "hf")
+
+
+@pytest.mark.parametrize(("quant", "group"), [("int8_wo", None), ("int4_wo", 32)])
+def test_weight_only_quantized_experts_equal_their_dequantized_model(qwen2_moe_hf, tmp_path, quant, group):
+    """`convert --quant` quantizes every expert (and the shared one) with its own scales; the graph's
+    dequantized expert stacks compute exactly what the same model with W = dequantize(W_q) computes."""
+    from quantized_ckpt import dequantized_checkpoint
+
+    from engine_builder.network import NetworkOptions, write_onnx
+
+    convert(qwen2_moe_hf, tmp_path / "q", quant=quant, group_size=group)
+    q = CheckpointConfig.load(tmp_path / "q").quantization
+    assert {"layers.1.mlp.experts.gate_up", "layers.1.mlp.experts.down", "layers.1.mlp.shared.down"} <= set(
+        q.quantized)
+    float_twin = dequantized_checkpoint(tmp_path / "q", tmp_path / "f")
+    options, prompt = NetworkOptions(max_seq_len=64, dtype="float32"), prompt_of(20, seed=3)
+    tokens, logits = OrtDecoder(write_onnx(tmp_path / "q", tmp_path / "qg", options), level="disable_all").greedy(
+        prompt, STEPS)
+    want_tokens, want_logits = OrtDecoder(write_onnx(float_twin, tmp_path / "fg", options),
+                                          level="disable_all").greedy(prompt, STEPS)
+    assert max(float(np.abs(g - w).max()) for g, w in zip(logits, want_logits, strict=True)) <= 1e-5
+    assert tokens == want_tokens
+
+
+def test_quantization_limits_are_one_line_errors(qwen2_moe_hf, tmp_path):
+    with pytest.raises(TrtbuildError, match="cannot calibrate an MoE model; use --quant int8_wo or int4_wo"):
+        convert(qwen2_moe_hf, tmp_path / "awq", quant="int4_awq")
+    convert(qwen2_moe_hf, tmp_path / "q4", quant="int4_wo", group_size=32)
+    with pytest.raises(TrtbuildError, match="int4 MoE experts cannot build for --target tensorrt"):
+        build(tmp_path / "q4", tmp_path / "engine", BuildConfig(targets=("tensorrt", "onnxruntime")))
+    assert not (tmp_path / "engine").exists()
+
