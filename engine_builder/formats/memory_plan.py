@@ -49,11 +49,14 @@ class MemoryPlan:
 def parameter_counts(model: ModelConfig) -> tuple[int, int]:
     """(parameters in linears, other parameters) of MODEL, from its dims (checkpoint.py's tensors)."""
     h, q, kv, inter, attn = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size, model.block.attention
-    linear = h * (q + 2 * kv) + q * h + 3 * h * inter  # qkv, o, gate_up, down
+    mlp = model.block.mlp
+    experts = mlp.num_experts if mlp.kind == "moe" else 1  # moe: every expert, the shared one, the router
+    linear = h * (q + 2 * kv) + q * h + 3 * h * inter * experts + 3 * h * mlp.shared_expert_size  # qkv, o, MLP
     other = 2 * h + (q + 2 * kv if attn.qkv_bias else 0) + (h if attn.o_bias else 0)
     other += 2 * model.head_dim if attn.qk_norm else 0
     other += 2 * inter + h if model.block.mlp.bias else 0
     other += h * (model.block.residual.post_attention_norm + model.block.residual.post_mlp_norm)
+    other += h * (mlp.num_experts + mlp.shared_expert_gate) if mlp.kind == "moe" else 0
     embed = model.vocab_size * h
     lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
     return model.num_layers * linear + lm_head, model.num_layers * other + embed + h
@@ -72,7 +75,9 @@ def plan_engine(model: ModelConfig, limits: Limits, dtype: str, kv_cache: str = 
     layout = KVCacheLayout.of(model, limits.max_seq_len, dtype, kv_cache)
     kv = layout.bytes_per_token * limits.max_batch * limits.max_seq_len
     tokens = limits.max_batch * limits.max_input_len
-    per_token = 4 * model.hidden_size + model.q_dim + 2 * model.kv_dim + 2 * model.intermediate_size
+    # an MoE prefill runs every expert on every token (network/moe.py's dense form)
+    experts = model.block.mlp.num_experts if model.block.mlp.kind == "moe" else 1
+    per_token = 4 * model.hidden_size + model.q_dim + 2 * model.kv_dim + 2 * model.intermediate_size * experts
     activations = (tokens * per_token * item
                    + limits.max_batch * (model.num_heads + 1) * limits.max_input_len * limits.max_seq_len * item
                    + limits.max_batch * model.vocab_size * 4  # float32 logits of the last positions

@@ -10,6 +10,7 @@ the 20-token prefill takes (20 * top_k >= num_experts) and whose gathered branch
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ from tiny_models import COMMON
 from converters.convert import convert
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
-from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
 from engine_builder.formats.manifest import ORT_MODEL, TRT_MODEL
+from engine_builder.formats.memory_plan import parameter_counts
 from engine_builder.formats.model_config import MlpSpec
 from engine_builder.util.errors import TrtbuildError
 
@@ -83,6 +85,9 @@ def test_routing_spec_matches_transformers(moe_engine):
                           shared_expert_size=shared, shared_expert_gate=bool(shared))
     manifest = json.loads((engine / "config.json").read_text())
     assert manifest["model"]["block"]["mlp"]["num_experts"] == 8
+    # the memory plan weighs every expert: its parameter count is the checkpoint's
+    model = CheckpointConfig.load(engine.parent / "ckpt").model
+    assert sum(parameter_counts(model)) == sum(math.prod(shape) for shape, _ in expected_shapes(model).values())
     # the TensorRT-RTX engine holds both expert forms: an If (CONDITION) per layer, its gathers
     layers = manifest["tensorrt"]["network_layer_types"]
     assert layers["CONDITION"] == 2 and layers["TOPK"] == 2 and layers["GATHER"] >= 4
