@@ -96,8 +96,9 @@ class Plan:
 
 def _compile(weight_map: dict[str, Target]) -> list[tuple[re.Pattern[str], Target, str]]:
     # `{layer}` captures the layer index; `*` (drop rules only) matches anything
+    # `{expert}` (MoE) captures the expert index: parts of one canonical tensor sort by (expert, part)
     return [(re.compile(re.escape(template).replace(r"\{layer\}", r"(?P<layer>\d+)")
-                        .replace(r"\*", ".*") + "$"), target, template)
+                        .replace(r"\{expert\}", r"(?P<expert>\d+)").replace(r"\*", ".*") + "$"), target, template)
             for template, target in weight_map.items()]
 
 
@@ -105,7 +106,7 @@ def plan_conversion(converter: type[Converter], cfg: ModelConfig,
                     infos: dict[str, TensorInfo]) -> Plan:
     """Map every source tensor to its canonical place and check every shape against cfg."""
     patterns = _compile(converter.weight_map)
-    parts: dict[str, dict[int, str]] = {}
+    parts: dict[str, dict[int | tuple[int, int], str]] = {}
     transforms: dict[str, Transform] = {}  # source tensor -> its re-layout
     dropped: list[str] = []
     for name in infos:
@@ -128,6 +129,11 @@ def plan_conversion(converter: type[Converter], cfg: ModelConfig,
             dropped.append(name)
             continue
         canonical = canonical.replace("{layer}", layer or "")
+        if (expert := m.groupdict().get("expert")) is not None:
+            if int(expert) >= cfg.block.mlp.num_experts:
+                raise InputError(f"tensor {name!r} belongs to expert {expert} but config.json says "
+                                 f"{cfg.block.mlp.num_experts} experts; fix the config or the checkpoint")
+            index = (int(expert), index)
         parts.setdefault(canonical, {})[index] = name
 
     expected = expected_shapes(cfg)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import converters.quantize.schemes  # noqa: F401  (registers every scheme)
 from converters.quantize.scheme import get_scheme, scheme_names
-from engine_builder.formats.checkpoint import linear_prefixes
+from engine_builder.formats.checkpoint import expected_shapes, linear_prefixes
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -98,9 +98,9 @@ def split_excluded(linears: tuple[str, ...], patterns: tuple[str, ...]) -> tuple
 
 
 def in_features(model: ModelConfig, prefix: str) -> int:
-    if prefix.endswith("attn.o"):
-        return model.q_dim
-    return model.intermediate_size if prefix.endswith("mlp.down") else model.hidden_size
+    # the canonical [out, in] shape (an MoE's experts.down reads one expert's width); a tied lm_head has none
+    shape = expected_shapes(model).get(prefix + ".weight")
+    return shape[0][1] if shape else model.hidden_size
 
 
 def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -110,6 +110,10 @@ def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str
     if options.scheme == "none":
         return (), ()
     quantized, excluded = split_excluded(linear_prefixes(model), options.exclude)
+    if model.block.mlp.kind == "moe" and options.scheme in CALIBRATED:
+        # calibration and folding read one dense MLP per layer; routed experts see only their tokens
+        raise UnsupportedError(f"--quant {options.scheme} cannot calibrate an MoE model; use --quant int8_wo or "
+                               "int4_wo (weight-only, per expert)")
     if (group := options.groups) is not None:
         sizes = {p: in_features(model, p) for p in quantized}
         if bad := next((p for p, n in sizes.items() if n % group), None):

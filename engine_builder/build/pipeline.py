@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
 from engine_builder.build.encoder_profiles import encoder_profiles, fit_encoder_limits
+from engine_builder.build.moe_check import check_moe_build
 from engine_builder.build.target_check import check_quantized_build, check_target_ops
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
@@ -144,6 +145,7 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
                         what=f"an engine of {ckpt} with these limits")
     check_pass_lists(config)
     check_quantized_build(checkpoint.quantization, config.targets, config.dtype, config.compute_capabilities)
+    check_moe_build(checkpoint.model, checkpoint.quantization, config.targets)
     check_output_dir(out, force, (ckpt,), ENGINE_SCHEMA)
     started, peak = time.perf_counter(), PeakRss()
     network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stdout
+from engine_builder.formats.moe_layout import describe_moe
 
 
 def inspect(
@@ -43,6 +44,8 @@ def inspect(
             normalized = ", L2-normalized" if enc.pooling.normalize else ""
             table.add_row("embeddings",
                           f"encoder, {enc.pooling.mode} pooling{normalized}, {model.hidden_size} dimensions")
+        if (experts := describe_moe(model)) is not None:
+            table.add_row("experts", experts)
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""

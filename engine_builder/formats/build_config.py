@@ -29,7 +29,7 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
     # onnxruntime: GroupQueryAttention updating a shared past/present buffer in place; quantized
     # linears as MatMulNBits (the tensorrt graph keeps DequantizeLinear -> MatMul, which TRT fuses)
     "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "lower_ort_attention", "lower_ort_norms",
-                    "lower_ort_matmulnbits", "eliminate_dead_code"),
+                    "lower_ort_matmulnbits", "lower_ort_moe", "eliminate_dead_code"),
 }
 
 

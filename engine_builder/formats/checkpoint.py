@@ -11,6 +11,7 @@ from typing import Literal
 from engine_builder.formats.dataclass_io import from_dict
 from engine_builder.formats.encoder_spec import encoder_linears, encoder_shapes
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.moe_layout import MOE_LINEARS, moe_mlp_shapes
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError
 
@@ -101,8 +102,8 @@ def _plain_mlp_shapes(cfg: ModelConfig, p: str) -> Shapes:
 
 
 # MlpSpec.kind -> its tensors and its linears (the quantizable ones, FORMAT.md)
-_MLP_SHAPES = {"gated": _gated_mlp_shapes, "plain": _plain_mlp_shapes}
-_MLP_LINEARS = {"gated": ("mlp.gate_up", "mlp.down"), "plain": ("mlp.up", "mlp.down")}
+_MLP_SHAPES = {"gated": _gated_mlp_shapes, "plain": _plain_mlp_shapes, "moe": moe_mlp_shapes}
+_MLP_LINEARS = {"gated": ("mlp.gate_up", "mlp.down"), "plain": ("mlp.up", "mlp.down"), "moe": MOE_LINEARS}
 
 
 def linear_prefixes(model: ModelConfig) -> tuple[str, ...]:
@@ -112,7 +113,9 @@ def linear_prefixes(model: ModelConfig) -> tuple[str, ...]:
     if model.encoder is not None:
         return encoder_linears(model.num_layers)
     per_layer = ("attn.qkv", "attn.o", *_MLP_LINEARS[model.block.mlp.kind])
-    return (*(f"layers.{i}.{p}" for i in range(model.num_layers) for p in per_layer), "lm_head")
+    shapes = expected_shapes(model)  # an MoE without a shared expert has no mlp.shared.* linears
+    return (*(f"layers.{i}.{p}" for i in range(model.num_layers) for p in per_layer
+              if f"layers.{i}.{p}.weight" in shapes), "lm_head")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,9 @@ def plan_engine(model: ModelConfig, limits: Limits, dtype: str, kv_cache: str = 
     layout = KVCacheLayout.of(model, limits.max_seq_len, dtype, kv_cache)
     kv = layout.bytes_per_token * limits.max_batch * limits.max_seq_len
     tokens = limits.max_batch * limits.max_input_len
-    per_token = 4 * model.hidden_size + model.q_dim + 2 * model.kv_dim + 2 * model.intermediate_size
+    # an MoE prefill runs every expert on every token (network/moe.py's dense form)
+    experts = model.block.mlp.num_experts if model.block.mlp.kind == "moe" else 1
+    per_token = 4 * model.hidden_size + model.q_dim + 2 * model.kv_dim + 2 * model.intermediate_size * experts
     activations = (tokens * per_token * item
                    + limits.max_batch * (model.num_heads + 1) * limits.max_input_len * limits.max_seq_len * item
                    + limits.max_batch * model.vocab_size * 4  # float32 logits of the last positions

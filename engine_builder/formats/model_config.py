@@ -17,7 +17,7 @@ from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.util.errors import ConfigError
 
 NormKind = Literal["rms_norm", "layer_norm"]
-MlpKind = Literal["gated", "plain"]
+MlpKind = Literal["gated", "plain", "moe"]
 Activation = Literal["silu", "gelu_tanh", "gelu"]
 PositionKind = Literal["rotary", "learned"]
 ResidualLayout = Literal["sequential", "parallel"]
@@ -29,6 +29,7 @@ RopeType = Literal["default", "linear", "dynamic", "llama3", "yarn", "longrope"]
 # weighs real sizes against this machine)
 MAX_DIMS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 10,
             "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12}
+MAX_EXPERTS = 1 << 12  # published MoEs route over 8..384
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,19 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class MlpSpec:
-    kind: MlpKind = "gated"  # gated: down(act(gate) * up); plain (gpt2, gpt-neox): down(act(up))
+    # gated: down(act(gate) * up); plain (gpt2, gpt-neox): down(act(up)); moe: top_k of num_experts gated experts
+    kind: MlpKind = "gated"
     activation: Activation = "silu"
     bias: bool = False
+    # moe only: experts of intermediate_size each, softmax router over them, top_k per token,
+    # the top_k weights renormalized to sum 1 when norm_topk (mixtral always; qwen per config)
+    num_experts: int = 0
+    top_k: int = 0
+    norm_topk: bool = False
+    # moe only: an always-on gated expert of this width (0: none) beside the routed ones, scaled
+    # by sigmoid(shared_gate(x)) when shared_expert_gate (qwen2_moe)
+    shared_expert_size: int = 0
+    shared_expert_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,7 @@ class ModelConfig:
         _one_of("block.residual.layout", self.block.residual.layout, ResidualLayout)
         if norm.bias and norm.kind != "layer_norm":
             raise ConfigError(f"model config: block.norm.bias applies to layer_norm, not {norm.kind}")
+        _check_moe(mlp)
         for layer_type in attn.layer_types:
             _one_of("block.attention.layer_types", layer_type, LayerType)
         _positive("block.norm.eps", norm.eps)
@@ -209,6 +221,27 @@ class ModelConfig:
                 f"model config: {len(attn.layer_types)} block.attention.layer_types for {self.num_layers} layers")
         if "sliding_attention" in attn.layer_types and not attn.sliding_window:
             raise ConfigError("model config: sliding_attention layers need block.attention.sliding_window")
+
+
+def _check_moe(mlp: MlpSpec) -> None:
+    """An MoE MLP needs a router over >= 1 experts choosing 1..num_experts; a dense one has none."""
+    if mlp.kind != "moe":
+        if mlp.num_experts or mlp.top_k or mlp.shared_expert_size:
+            raise ConfigError(f"model config: block.mlp.kind {mlp.kind!r} has no experts; set kind 'moe' or "
+                              "num_experts, top_k and shared_expert_size to 0")
+        return
+    if mlp.num_experts <= 0 or mlp.num_experts > MAX_EXPERTS:
+        raise ConfigError(f"model config: block.mlp.num_experts must be in 1..{MAX_EXPERTS}, got {mlp.num_experts}")
+    if not 0 < mlp.top_k <= mlp.num_experts:
+        raise ConfigError(f"model config: block.mlp.top_k must be in 1..num_experts ({mlp.num_experts}), "
+                          f"got {mlp.top_k}; check num_experts_per_tok in config.json")
+    if mlp.shared_expert_size < 0 or mlp.shared_expert_size > MAX_DIMS["intermediate_size"]:
+        raise ConfigError(f"model config: block.mlp.shared_expert_size must be in 0..{MAX_DIMS['intermediate_size']}, "
+                          f"got {mlp.shared_expert_size}")
+    if mlp.shared_expert_gate and not mlp.shared_expert_size:
+        raise ConfigError("model config: block.mlp.shared_expert_gate without a shared expert (shared_expert_size 0)")
+    if mlp.bias:
+        raise ConfigError("model config: MoE experts with biases are not supported (block.mlp.bias)")
 
 
 def _one_of(name: str, value: object, kinds: object) -> None:

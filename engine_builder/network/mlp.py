@@ -2,6 +2,7 @@
 
     gated   down(act(gate) * up), gate and up from one fused [gate; up] matmul
     plain   down(act(up))  (gpt2, gpt-neox)
+    moe     top-k routed gated experts (+ a shared expert), moe.py
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import onnx_ir as ir
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.network.builder import GraphBuilder
 from engine_builder.network.linear import linear
+from engine_builder.network.moe import moe_mlp
 from engine_builder.network.weights import CheckpointWeights
 
 Emit = Callable[[GraphBuilder, ir.Value], ir.Value]
@@ -48,4 +50,5 @@ _ACTIVATIONS: dict[str, Emit] = {
     "gelu": lambda b, x: b.op("Gelu", x),
 }
 # MlpSpec.kind -> its emitter
-_MLPS = {"gated": gated_mlp, "plain": plain_mlp}
+_MLPS = {"gated": gated_mlp, "plain": plain_mlp,
+         "moe": lambda b, x, cfg, w, p: moe_mlp(b, x, cfg, w, p, _ACTIVATIONS[cfg.block.mlp.activation])}
