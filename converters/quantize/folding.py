@@ -30,7 +30,8 @@ def norm_before(model: ModelConfig) -> dict[str, str]:
     folds = {}
     for i in range(model.num_layers):
         folds[f"layers.{i}.attn.qkv"] = f"layers.{i}.attn_norm.weight"
-        folds[f"layers.{i}.mlp.{_MLP_INPUT[model.block.mlp.kind]}"] = f"layers.{i}.mlp_norm.weight"
+        if (mlp_input := _MLP_INPUT.get(model.block.mlp.kind)) is not None:  # moe: calibrated schemes refused
+            folds[f"layers.{i}.mlp.{mlp_input}"] = f"layers.{i}.mlp_norm.weight"
     return folds
 
 
