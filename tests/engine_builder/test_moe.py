@@ -206,3 +206,17 @@ def test_quantization_limits_are_one_line_errors(qwen2_moe_hf, tmp_path):
         build(tmp_path / "q4", tmp_path / "engine", BuildConfig(targets=("tensorrt", "onnxruntime")))
     assert not (tmp_path / "engine").exists()
 
+
+
+def test_fp16_twin_is_as_accurate_as_hf_fp16(qwen2_moe_hf, tmp_path):
+    """fp16 differs by design: the twin's per-expert form is held to transformers' own fp16 error."""
+    convert(qwen2_moe_hf, tmp_path / "ckpt", dtype="float16")
+    build(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(
+        targets=("onnxruntime",), dtype="float16", limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
+    prompt = prompt_of(20, seed=8)
+    with torch.no_grad():
+        ref = load_hf(qwen2_moe_hf)(torch.tensor([prompt])).logits[0, -1].numpy()
+        hf16 = load_hf(qwen2_moe_hf, torch.float16)(torch.tensor([prompt])).logits[0, -1].float().numpy()
+    dec = OrtDecoder(tmp_path / "engine" / ORT_MODEL)
+    got = dec.run(dec.empty(1), np.array([prompt]))[0, -1]
+    assert np.abs(got - ref).max() <= 1.5 * np.abs(hf16 - ref).max()
