@@ -3,7 +3,7 @@
     If(T * k < E, gather routed weights -> batched MatMul, all experts -> weighted sum)
  -> for e in 0..E-1:  tok = NonZero(any(chosen == e))          # the tokens routed to expert e
                       y_e = down_e(act(gate_e(x[tok])) * up_e(x[tok])) * weight_e[tok]
-                      acc = ScatterND(acc, tok, y_e, reduction=add)
+                      acc = acc + ScatterND(zeros, tok, y_e)
 
 Each expert multiplies only the rows routed to it, so a step costs what its routed experts cost, at
 decode and at prefill, and experts are added in index order as transformers' index_add_ loop does.
@@ -142,7 +142,7 @@ def _per_expert(graph: ir.Graph, prefix: str, spec: dict, v: dict[str, ir.Value]
     x, chosen, weights = v["x"], v["chosen"], v["weights"]  # [T, hidden], [T, k] int64, [T, k]
     inter, act = spec["inter"], _ACTIVATIONS[spec["activation"]]
     zero = e.op("CastLike", e.const(np.zeros((), np.float32)), x)
-    acc = e.op("Expand", zero, e.op("Shape", x))  # [T, hidden]
+    acc = zeros = e.op("Expand", zero, e.op("Shape", x))  # [T, hidden]
     for expert in range(spec["experts"]):
         hit = e.op("Equal", chosen, e.ints(expert))  # [T, k]
         routed = e.op("ReduceMax", e.op("Cast", hit, to=ir.DataType.INT64), e.ints([1]), keepdims=0)  # [T]
@@ -155,5 +155,7 @@ def _per_expert(graph: ir.Graph, prefix: str, spec: dict, v: dict[str, ir.Value]
         gate, up = e.split(e.op("MatMul", rows, gate_up), [inter, inter])  # [n, I] each
         out = e.op("MatMul", e.op("Mul", act(e, gate), up), down)  # [n, hidden]
         out = e.op("Mul", out, e.op("Unsqueeze", e.op("Gather", weight, tokens, axis=0), e.ints([-1])))
-        acc = e.op("ScatterND", acc, e.op("Unsqueeze", tokens, e.ints([-1])), out, reduction="add")
+        # a token meets each expert at most once: scatter into zeros, then add (onnxruntime's CPU ScatterND
+        # has no float16 reduction="add"); the adds run in expert order, in the compute dtype, as index_add_
+        acc = e.op("Add", acc, e.op("ScatterND", zeros, e.op("Unsqueeze", tokens, e.ints([-1])), out))
     return e.nodes, acc

@@ -21,6 +21,7 @@ import transformers
 from cli_process import assert_user_error, trtbuild
 from hf_reference import hf_greedy, load_hf, prompt_of
 from ort_helpers import OrtDecoder
+from runner_engines import add_word_tokenizer
 from tiny_models import COMMON
 
 from converters.convert import convert
@@ -60,6 +61,7 @@ def tiny_moe(family: str, out: Path, **extra: object) -> Path:
             if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
                 p.copy_(torch.randn_like(p))
     model.save_pretrained(out)
+    add_word_tokenizer(out, COMMON["vocab_size"])  # the engine dir's LLM wants a tokenizer
     return out
 
 
@@ -206,3 +208,30 @@ def test_quantization_limits_are_one_line_errors(qwen2_moe_hf, tmp_path):
         build(tmp_path / "q4", tmp_path / "engine", BuildConfig(targets=("tensorrt", "onnxruntime")))
     assert not (tmp_path / "engine").exists()
 
+
+
+def test_fp16_twin_is_as_accurate_as_hf_fp16(qwen2_moe_hf, tmp_path):
+    """fp16 differs by design: the twin's per-expert form is held to transformers' own fp16 error."""
+    convert(qwen2_moe_hf, tmp_path / "ckpt", dtype="float16")
+    build(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(
+        targets=("onnxruntime",), dtype="float16", limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
+    prompt = prompt_of(20, seed=8)
+    with torch.no_grad():
+        ref = load_hf(qwen2_moe_hf)(torch.tensor([prompt])).logits[0, -1].numpy()
+        hf16 = load_hf(qwen2_moe_hf, torch.float16)(torch.tensor([prompt])).logits[0, -1].float().numpy()
+    dec = OrtDecoder(tmp_path / "engine" / ORT_MODEL)
+    got = dec.run(dec.empty(1), np.array([prompt]))[0, -1]
+    assert np.abs(got - ref).max() <= 1.5 * np.abs(hf16 - ref).max()
+
+
+def test_llm_generates_a_batch_of_two_like_transformers(moe_engine):
+    """Two prompts of different lengths in one batch through LLM.generate (runner, KV cache, sampler):
+    each sequence's greedy tokens are what transformers generates for it alone."""
+    from engine_builder import LLM, SamplingParams
+
+    _, hf_dir, engine = moe_engine
+    prompts = [prompt_of(20, seed=11), prompt_of(13, seed=12)]
+    with LLM(engine, backend="onnxruntime") as llm:
+        got = llm.generate(prompt_token_ids=prompts, params=SamplingParams(
+            temperature=0, max_new_tokens=8, ignore_eos=True))
+    assert [list(g.token_ids) for g in got] == [hf_greedy(hf_dir, p, 8)[0] for p in prompts]
