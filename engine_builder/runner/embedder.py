@@ -6,8 +6,8 @@
 Texts are tokenized with the engine's tokenizer (special tokens added, truncated to the longest input
 the engine takes: its max_input_len, sentence-transformers' max_seq_length), sorted by length and cut
 into batches of up to max_batch rows, each padded only to its own longest text, where the cut saves more
-padding than an engine call costs (plan_batches): a batch of mixed lengths pays for little padding. The graph pools and normalizes
-(formats/encoder_spec.py), so a call returns the final vectors.
+padding than an engine call costs (plan_batches): a batch of mixed lengths pays for little padding. The
+graph pools and normalizes (formats/encoder_spec.py), so a call returns the final vectors.
 
 The onnxruntime twin runs here; a TensorRT engine of an encoder is built and shipped, but this runtime
 does not drive it yet (no GPU could test it), so backend "tensorrt" is refused with that reason.
@@ -66,10 +66,12 @@ class Embedder:
                                              providers=["CPUExecutionProvider"])
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.spec.pad_token_id)
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, special tokens added, truncated to max_tokens (as sentence-transformers does)."""
+    def tokenize(self, texts: Sequence[str], max_tokens: int | None = None) -> list[list[int]]:
+        """Token ids of each text, special tokens added, truncated to max_tokens (as sentence-transformers does;
+        default and upper bound: the engine's)."""
         texts = check_texts(texts)
-        return [list(ids) for ids in self.tokenizer(texts, truncation=True, max_length=self.max_tokens,
+        longest = min(max_tokens or self.max_tokens, self.max_tokens)
+        return [list(ids) for ids in self.tokenizer(texts, truncation=True, max_length=longest,
                                                     add_special_tokens=True).input_ids]
 
     def embed(self, texts: Sequence[str]) -> EmbeddingOutput:

@@ -106,11 +106,16 @@ def _tokenize(service: EmbeddingService, texts: Sequence[str], truncate: bool) -
     embedder = service.batcher.embedder
     if not truncate:
         return embedder.tokenizer(list(texts), add_special_tokens=True).input_ids
-    return embedder.tokenize(texts)
+    return embedder.tokenize(texts, _longest(service))
+
+
+def _longest(service: EmbeddingService) -> int:
+    """The engine's input length, or --max-input-tokens when lower."""
+    return min(service.batcher.embedder.max_tokens, service.config.max_input_tokens)
 
 
 def _check(service: EmbeddingService, inputs: list[Any], token_ids: list[list[int]], fix: str) -> None:
-    longest = service.batcher.embedder.max_tokens
+    longest = _longest(service)
     for i, ids in enumerate(token_ids):
         if len(ids) > longest:
             raise ApiError(VALIDATION, f"input {i} has {len(ids)} tokens but this model takes at most {longest}; "
