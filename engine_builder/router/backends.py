@@ -1,0 +1,72 @@
+"""The replicas behind the router: each one's health and load, and the loop that checks their health.
+
+A backend is taken out when a request cannot reach it (connection refused or reset, the stream cut)
+or a health check fails (GET /health not 200 within the timeout), and put back by the first health
+check that answers 200. Taken out means no new request picks it; requests already streaming from it
+keep going for as long as it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(eq=False)
+class Backend:
+    url: str
+    healthy: bool = False  # until the first check answers
+    in_flight: int = 0  # requests forwarded and not yet ended (streams included)
+    reason: str = "not checked yet"  # why it is out, for the log
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class BackendPool:
+    def __init__(self, urls: tuple[str, ...], on_down: Callable[[Backend], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.backends = [Backend(url) for url in urls]
+        self._log = log or (lambda line: None)
+        self._on_down = on_down  # the prefix index forgets a backend that went down: it restarts cold
+
+    def healthy(self, exclude: set[Backend] = frozenset()) -> list[Backend]:
+        return [b for b in self.backends if b.healthy and b not in exclude]
+
+    def mark_down(self, backend: Backend, reason: str) -> None:
+        if backend.healthy:
+            self._log(f"backend {backend.url} taken out: {reason}")
+            if self._on_down is not None:
+                self._on_down(backend)
+        backend.healthy, backend.reason = False, reason
+
+    def mark_up(self, backend: Backend) -> None:
+        if not backend.healthy:
+            self._log(f"backend {backend.url} is healthy" + ("" if backend.reason == "not checked yet" else
+                                                              " again: put back"))
+        backend.healthy, backend.reason = True, ""
+
+    async def check(self, client: httpx.AsyncClient, backend: Backend, timeout: float) -> None:
+        try:
+            r = await client.get(f"{backend.url}/health", timeout=timeout)
+        except httpx.HTTPError as exc:
+            self.mark_down(backend, f"health check failed ({type(exc).__name__}: {exc or 'no answer'})")
+            return
+        if r.status_code == 200:
+            self.mark_up(backend)
+        else:
+            self.mark_down(backend, f"GET /health answered {r.status_code}")
+
+    async def check_all(self, client: httpx.AsyncClient, timeout: float) -> None:
+        await asyncio.gather(*(self.check(client, b, timeout) for b in self.backends))
+
+    async def health_loop(self, client: httpx.AsyncClient, interval: float, timeout: float) -> None:
+        """Check every backend each INTERVAL seconds, concurrently, until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):  # one bad round must never stop the checks
+                await self.check_all(client, timeout)

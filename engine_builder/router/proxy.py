@@ -1,0 +1,143 @@
+"""Forward one request to a backend, with failover, and relay its answer.
+
+Per request: the policy picks a healthy backend not tried yet; the request goes to it through httpx.
+  - unreachable, cut before its answer was read (non-streaming), or cut before the first chunk of a
+    stream: the backend is taken out and the request goes to the next backend (nothing was sent to the
+    client yet, so a retry is invisible to it). A 503 (replica stopping) is retried the same way.
+  - a stream is relayed chunk by chunk as the backend writes it; if the backend dies mid-stream the
+    stream ends with the API's error event (and [DONE] on OpenAI routes): the client never hangs.
+  - anything else the backend answers (200, 4xx, other 5xx) goes to the client unchanged: status, body
+    and headers (but the hop-by-hop ones).
+No backend left: 503 with Retry-After in the API's error shape (api_errors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+from fastapi import Request, Response
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine_builder.router import api_errors
+from engine_builder.router.backends import Backend, BackendPool
+from engine_builder.router.metrics import RouterMetrics
+from engine_builder.router.policies import Policy
+from engine_builder.router.prompt_text import prompt_text
+
+# Headers that describe one connection, not the message (RFC 9110 §7.6.1), and those the other side
+# sets itself (length, framing, encoding: httpx decodes non-streamed bodies; the server adds date/server)
+_REQUEST_DROP = frozenset({b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+                           b"upgrade", b"proxy-authorization", b"proxy-connection", b"trailer", b"accept-encoding"})
+_RESPONSE_DROP = frozenset({b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade",
+                            b"trailer", b"date", b"server", b"content-encoding"})
+RETRIED_STATUSES = frozenset({503})
+
+
+class _Failed(Exception):
+    """The attempt failed before anything reached the client: try another backend."""
+
+
+class RelayedStream(StreamingResponse):
+    """A backend's SSE stream passed on; on_close runs however it ends (finished, backend cut, client gone,
+    or never started because the client left first), so the backend's request is always closed."""
+
+    def __init__(self, body: AsyncIterator[bytes], status_code: int, raw_headers: list[tuple[bytes, bytes]],
+                 on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(body, status_code=status_code)
+        self.raw_headers.extend(raw_headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+class Proxy:
+    def __init__(self, pool: BackendPool, policy: Policy, metrics: RouterMetrics, client: httpx.AsyncClient) -> None:
+        self.pool, self.policy, self.metrics, self.client = pool, policy, metrics, client
+
+    async def handle(self, request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        prompt = prompt_text(path, body) if self.policy.uses_prompt else ""
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _REQUEST_DROP]
+        tried: set[Backend] = set()
+        while candidates := self.pool.healthy(exclude=tried):
+            backend = self.policy.choose(candidates, prompt)
+            tried.add(backend)
+            last = not self.pool.healthy(exclude=tried)
+            try:
+                return await self._attempt(backend, request, headers, body, retry_503=not last)
+            except _Failed:
+                if self.pool.healthy(exclude=tried):
+                    self.metrics.retries.inc()
+        self.metrics.unrouted.inc()
+        return api_errors.no_backend(path, len(tried))
+
+    async def _attempt(self, backend: Backend, request: Request, headers: list[tuple[bytes, bytes]], body: bytes,
+                       retry_503: bool) -> Response:
+        url = backend.url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        outgoing = self.client.build_request(request.method, url, headers=headers, content=body)
+        backend.in_flight += 1
+        self.metrics.requests.labels(backend.url).inc()
+        closed = False
+
+        async def close(resp: httpx.Response | None) -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                backend.in_flight -= 1
+                if resp is not None:
+                    await resp.aclose()
+
+        resp = None
+        try:
+            resp = await self.client.send(outgoing, stream=True)
+            if resp.status_code >= 500:
+                self.metrics.errors.labels(backend.url).inc()
+                if resp.status_code in RETRIED_STATUSES and retry_503:
+                    self.pool.mark_down(backend, f"it answered {resp.status_code}")
+                    raise _Failed
+            streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
+            if streaming:
+                chunks = resp.aiter_raw()
+                first = await anext(chunks, b"")  # the first token: a replica that dies in prefill is retried
+            else:
+                content = await resp.aread()  # the whole answer: a replica that dies before it is retried
+        except httpx.TransportError as exc:
+            self.metrics.errors.labels(backend.url).inc()
+            self.pool.mark_down(backend, f"{type(exc).__name__}: {exc or 'connection lost'}")
+            await close(resp)
+            raise _Failed from None
+        except BaseException:
+            await close(resp)
+            raise
+        out_headers = [(k.lower(), v) for k, v in resp.headers.raw if k.lower() not in _RESPONSE_DROP]
+        if not streaming:
+            await close(resp)
+            response = Response(content, status_code=resp.status_code)
+            response.raw_headers.extend(out_headers)
+            return response
+        return RelayedStream(self._relay(backend, request.url.path, first, chunks), resp.status_code, out_headers,
+                             on_close=lambda: close(resp))
+
+    async def _relay(self, backend: Backend, path: str, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[
+            bytes]:
+        tail = first[-2:]
+        if first:
+            yield first
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    tail = (tail + chunk)[-2:]
+                    yield chunk
+        except httpx.TransportError as exc:
+            self.metrics.errors.labels(backend.url).inc()
+            self.metrics.stream_aborts.inc()
+            self.pool.mark_down(backend, f"stream cut ({type(exc).__name__})")
+            # a cut inside an event: end it first, so the error event parses as an event of its own
+            yield (b"" if tail in (b"", b"\n\n") else b"\n\n") + api_errors.stream_cut_events(path, backend.url)
