@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
-from conftest import Router, free_port
+from route_processes import Router, free_port
 
 MODEL = "tiny"
 
