@@ -65,8 +65,12 @@ class BackendPool:
         await asyncio.gather(*(self.check(client, b, timeout) for b in self.backends))
 
     async def health_loop(self, client: httpx.AsyncClient, interval: float, timeout: float) -> None:
-        """Check every backend each INTERVAL seconds, concurrently, until cancelled."""
+        """Check each backend every INTERVAL seconds until cancelled: one loop per backend, so a hung one
+        (a check waiting out its timeout) never delays the checks of the others."""
+        await asyncio.gather(*(self._check_loop(client, b, interval, timeout) for b in self.backends))
+
+    async def _check_loop(self, client: httpx.AsyncClient, backend: Backend, interval: float, timeout: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            with contextlib.suppress(Exception):  # one bad round must never stop the checks
-                await self.check_all(client, timeout)
+            with contextlib.suppress(Exception):  # one bad check must never stop the checks
+                await self.check(client, backend, timeout)
