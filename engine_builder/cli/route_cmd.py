@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from engine_builder.router.config import DEFAULT_HEALTH_INTERVAL_S, POLICIES
+from engine_builder.router.router_config import DEFAULT_HEALTH_INTERVAL_S, POLICIES
 
 
 def route(
@@ -37,7 +37,7 @@ def route(
       trtbuild serve engine --port 8002 &
       trtbuild route --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 --policy prefix-aware
     """
-    from engine_builder.router.http_server import route as run_router
+    from engine_builder.router.router_server import route as run_router
 
     run_router(backend or [], policy=policy, host=host, port=port, health_interval=health_interval,
                on_ready=lambda url: print(f"routing at {url}", flush=True),

@@ -7,7 +7,7 @@ It speaks only HTTP (the replicas' TGI + OpenAI routes, through httpx): nothing 
 imported, so it runs where no model does.
 """
 
-from engine_builder.router.config import POLICIES, RouterConfig
-from engine_builder.router.http_server import route
+from engine_builder.router.router_config import POLICIES, RouterConfig
+from engine_builder.router.router_server import route
 
 __all__ = ["POLICIES", "RouterConfig", "route"]

@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse
 
 from engine_builder.router.api_errors import no_backend
 from engine_builder.router.backends import BackendPool
-from engine_builder.router.metrics import CONTENT_TYPE, RouterMetrics
 from engine_builder.router.policies import Policy
 from engine_builder.router.proxy import Proxy
+from engine_builder.router.router_metrics import CONTENT_TYPE, RouterMetrics
 from engine_builder.util.version import __version__
 
 FORWARDED_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

@@ -22,9 +22,9 @@ from starlette.types import Receive, Scope, Send
 
 from engine_builder.router import api_errors
 from engine_builder.router.backends import Backend, BackendPool
-from engine_builder.router.metrics import RouterMetrics
 from engine_builder.router.policies import Policy
 from engine_builder.router.prompt_text import prompt_text
+from engine_builder.router.router_metrics import RouterMetrics
 
 # Headers that describe one connection, not the message (RFC 9110 §7.6.1), and those the other side
 # sets itself (length, framing, encoding: httpx decodes non-streamed bodies; the server adds date/server)

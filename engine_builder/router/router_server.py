@@ -18,9 +18,9 @@ import httpx
 
 from engine_builder.router.app import create_app
 from engine_builder.router.backends import BackendPool
-from engine_builder.router.config import RouterConfig
-from engine_builder.router.metrics import RouterMetrics
 from engine_builder.router.policies import make_policy
+from engine_builder.router.router_config import RouterConfig
+from engine_builder.router.router_metrics import RouterMetrics
 from engine_builder.util.errors import InputError
 
 # Seconds streams still running at SIGTERM get to finish before uvicorn cancels them
