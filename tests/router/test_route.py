@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 from route_processes import Router, free_port
+from typer.testing import CliRunner
+
+from engine_builder.cli.commands import app
 
 MODEL = "tiny"
 
@@ -166,11 +167,6 @@ def test_no_backend_left_is_a_503_in_the_api_shape(router_engine):
         assert router.stop() == 0
 
 
-def run_route(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine_builder.cli", "route", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_bad_cli_input_fails_in_one_line():
     cases = [((), "no backend given"),
              (("--backend", "localhost:8000"), "is not an http(s) URL"),
@@ -178,7 +174,8 @@ def test_bad_cli_input_fails_in_one_line():
              (("--backend", "http://a:1", "--policy", "random"), "is not one of round-robin, least-load, prefix-aware"),
              (("--backend", "http://a:1", "--port", "70000"), "--port must be in [0, 65535]"),
              (("--backend", "http://a:1", "--health-interval", "0"), "--health-interval must be > 0")]
-    with ThreadPoolExecutor(len(cases)) as pool:  # each a fresh interpreter: run them together
-        results = list(pool.map(lambda case: run_route(*case[0]), cases))
-    for (args, needle), r in zip(cases, results):
-        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    for args, needle in cases:  # in this process: each is refused before anything listens
+        r = CliRunner().invoke(app, ["route", *args])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (
+            args, r.stderr)
