@@ -39,6 +39,7 @@ import numpy as np
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import run_beam_search
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
+from engine_builder.runner.grammar import GrammarCompiler
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, StepClock, Timings
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
@@ -61,6 +62,9 @@ class Generator:
         self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
         self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
         self._owner_lock = threading.Lock()
+        # json_schema / regex / choice requests: llguidance over this tokenizer (grammar.py), built lazily
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.grammars = GrammarCompiler(tokenizer, backend.vocab_size, eos)
 
     # --- ownership --------------------------------------------------------------------------
 
@@ -98,6 +102,7 @@ class Generator:
     def new_request(self, index: int, prompt_ids: Sequence[int], params: SamplingParams) -> RequestState:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
         state = SamplingState(params, prompt_ids, self.backend.vocab_size)
+        state.grammar = self.grammars.matcher(params)  # UnsupportedError / InputError for a bad constraint
         return RequestState(index, list(prompt_ids), params, state,
                             StopChecker(params, detok, self.eos_token_ids),
                             logprobs=[] if params.logprobs is not None else None)
@@ -169,6 +174,8 @@ class Generator:
         if start == 0 and not r.token_ids and self.prefix_cache is not None:
             start = self.prefix_cache.load(r.prompt_ids, r.slot)  # cached blocks are copied, not computed
         end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
+        if end == len(context) and r.sampling.grammar is not None:
+            r.sampling.grammar.prefetch()
         logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
         kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
@@ -198,6 +205,9 @@ class Generator:
         execute_before = self.backend.execute_seconds
         slots = sorted(active)
         hi = slots[-1] + 1
+        for s in slots:  # grammar masks are computed in a worker while the engine runs
+            if active[s].sampling.grammar is not None:
+                active[s].sampling.grammar.prefetch()
         logits = self.backend.step(0, self._next_ids[:hi])  # [hi, vocab]
         if len(slots) < hi:  # rows that rode along: drop their logits
             logits = logits[slots]

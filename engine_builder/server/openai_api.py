@@ -39,6 +39,7 @@ from engine_builder.server.generation import (
 )
 from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
 from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from engine_builder.server.structured_output import check_constraint, openai_constraint
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -58,10 +59,13 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
 
 def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
     # stop: a string or a list, as OpenAI allows; SamplingParams takes both
-    return state.executor.llm.default_params(
+    params = state.executor.llm.default_params(
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs)
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
+        **openai_constraint(body))
+    check_constraint(state, params)
+    return params
 
 
 def _envelope(kind: str, model: str) -> Callable[..., dict[str, Any]]:

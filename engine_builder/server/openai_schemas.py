@@ -7,11 +7,12 @@ top_k, min_p and repetition_penalty are accepted as extensions, with vLLM's name
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_builder.server.schema_types import Text
+from engine_builder.server.structured_output import ResponseFormat
 
 
 class StreamOptions(BaseModel):
@@ -38,6 +39,11 @@ class SamplingFields(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    # structured output (server/structured_output.py)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
 
 
 class CompletionRequest(SamplingFields):
