@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request
 
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.server import tool_calls
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
@@ -57,13 +58,19 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
     check_stop(state.config, body.stop)
 
 
-def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
+def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None,
+              tool_constraint: dict[str, Any] | None = None) -> SamplingParams:
+    constraint = openai_constraint(body)
+    if tool_constraint and constraint:
+        raise ApiError(VALIDATION, "response_format cannot be combined with tool_choice required or a named "
+                                   "function (the tool's schema already constrains the output)")
+    constraint = tool_constraint or constraint
     # stop: a string or a list, as OpenAI allows; SamplingParams takes both
     params = state.executor.llm.default_params(
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
-        **openai_constraint(body))
+        **constraint)
     check_constraint(state, params)
     return params
 
@@ -190,28 +197,30 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
         raise ApiError(VALIDATION, "top_logprobs needs logprobs: true")
     check_top_logprobs(state.config, body.top_logprobs, "top_logprobs")
     check_capacity(state)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    ids = await off_loop(state.executor.llm.encode_chat, messages)
+    tool_plan = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+    messages, tools = tool_calls.render(body.messages, tool_plan,
+                                        tool_calls.template_knows_tools(state.executor.llm.tokenizer))
+    ids = await off_loop(state.executor.llm.encode_chat, messages, tools)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    active = admit(state, ids, _sampling(state, body, new_tokens, logprobs), field)
+    active = admit(state, ids, _sampling(state, body, new_tokens, logprobs, tool_plan.constraint()), field)
     if body.stream:
         make = _envelope("chat.completion.chunk", state.config.model_name)
-
-        def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
-            return {"index": 0, "delta": {"content": delta} if delta else {},
-                    "logprobs": _chat_logprobs(state, [lp]) if lp else None, "finish_reason": finish_reason}
-
+        choice = tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
     make = _envelope("chat.completion", state.config.model_name)
-    message = {"role": "assistant", "content": out.text, "refusal": None}
+    content, calls = tool_calls.parse(out.text, tool_plan)
+    message = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    finish_reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
     return make(choices=[{"index": 0, "message": message,
                           "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
-                          "finish_reason": out.finish_reason}], usage=_usage(active))
+                          "finish_reason": finish_reason}], usage=_usage(active))
 
 
 # --- /v1/models -----------------------------------------------------------------------------------

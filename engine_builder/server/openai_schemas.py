@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine_builder.server.schema_types import Text
 from engine_builder.server.structured_output import ResponseFormat
+from engine_builder.server.tool_calls import Tool, ToolCall, ToolChoice
 
 
 class StreamOptions(BaseModel):
@@ -64,11 +65,15 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None  # None: an assistant turn that only called tools
     name: Text | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (server/tool_calls.py)
+    tool_call_id: Text | None = None  # a tool message answers this call
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -81,3 +86,6 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, description="alternatives per token (at most the server's "
                                                              "--max-top-logprobs, 20 by default)")
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # default: auto with tools, none without
+    parallel_tool_calls: bool | None = None  # false: "required" returns exactly one call

@@ -1,5 +1,6 @@
 """Structured-output fixtures: a tiny random Llama over SmolLM2's real BPE tokenizer (so it can spell
-JSON, unlike the word tokenizer of tests/server), and live `trtbuild serve` processes."""
+JSON, unlike the word tokenizer of tests/server), and live `trtbuild serve` processes (one each for the
+session: these tests send only stateless requests)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from converters.convert import convert  # noqa: E402
 from engine_builder.formats.build_config import Limits  # noqa: E402
 
 TINY_BPE_LIMITS = Limits(max_batch=4, max_input_len=384, max_seq_len=640)
+# tool definitions make long prompts: more than the 128 input tokens of tests/conftest.py's SmolLM2 engine
+SMOL_SERVE_LIMITS = Limits(max_batch=4, max_input_len=512, max_seq_len=768)
 
 
 @pytest.fixture(scope="session")
@@ -37,13 +40,20 @@ def tiny_bpe_engine(smollm2_ckpt, tmp_path_factory) -> Path:
     return build_engine(root / "ckpt", root / "engine", TINY_BPE_LIMITS)
 
 
-@pytest.fixture(scope="module")
-def smol_server(smollm2_engine):
-    with live_server(smollm2_engine) as s:
+@pytest.fixture(scope="session")
+def smol_long_engine(smollm2_ckpt) -> Path:
+    """SmolLM2 fp32 (the session's checkpoint) with room for tool definitions in the prompt."""
+    (smollm2_ckpt.parent / "long").mkdir(exist_ok=True)  # the dir is named engine: serve calls the model that
+    return build_engine(smollm2_ckpt, smollm2_ckpt.parent / "long" / "engine", SMOL_SERVE_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def smol_server(smol_long_engine):
+    with live_server(smol_long_engine) as s:
         yield s
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_bpe_server(tiny_bpe_engine):
     with live_server(tiny_bpe_engine) as s:
         yield s
