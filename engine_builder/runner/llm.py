@@ -42,6 +42,8 @@ class RequestOutput:
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length" (max_new_tokens)
     stop_reason: int | str | None  # the stop string or stop_token_ids entry that matched; None for EOS/length
     logprobs: tuple[TokenLogprobs, ...] | None  # one per token_ids entry when params.logprobs is set
+    # one per prompt token (None for the first) when params.prompt_logprobs is set
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"text": self.text, "token_ids": list(self.token_ids),
@@ -54,7 +56,8 @@ class RequestOutput:
 
 def _output(r: RequestState, prompt: str | None) -> RequestOutput:
     return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), r.finish_reason or "length",
-                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None)
+                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None,
+                         tuple(r.prompt_logprobs) if r.prompt_logprobs is not None else None)
 
 
 class TokenStream:

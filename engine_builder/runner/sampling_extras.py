@@ -5,6 +5,7 @@ sampling_params.py so that file stays about the classic sampling knobs).
     regex        the output matches this regular expression (llguidance's Rust regex syntax)
     choice       the output is exactly one of these strings
     logit_bias   {token_id: bias in [-100, 100]} added to the logits before sampling (OpenAI)
+    prompt_logprobs  n: every prompt token's logprob + the top n (runner/prompt_logprobs.py)
 
 At most one of json_schema / regex / choice: each is a whole-output grammar.
 """
@@ -45,6 +46,9 @@ def normalize_extras(params: Any) -> None:
         raise InputError(f"{given[0]} cannot be combined with beam search (num_beams {params.num_beams})")
     if params.logit_bias is not None:
         put("logit_bias", _logit_bias(params.logit_bias))
+    p = params.prompt_logprobs
+    if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 0):
+        raise InputError(f"prompt_logprobs must be None (off) or an integer >= 0 (top alternatives), got {p!r}")
 
 
 def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

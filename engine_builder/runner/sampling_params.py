@@ -55,6 +55,7 @@ class SamplingParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None  # {token_id: bias} given; sorted pairs stored
+    prompt_logprobs: int | None = None  # None = off; n = each prompt token's logprob + the top n (vLLM)
 
     def __post_init__(self) -> None:
         # Lists (from JSON/CLI) become tuples so the frozen object is hashable and immutable.

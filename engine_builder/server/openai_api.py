@@ -59,7 +59,7 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
 
 
 def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None,
-              tool_constraint: dict[str, Any] | None = None) -> SamplingParams:
+              tool_constraint: dict[str, Any] | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
     constraint = openai_constraint(body)
     if tool_constraint and constraint:
         raise ApiError(VALIDATION, "response_format cannot be combined with tool_choice required or a named "
@@ -70,7 +70,7 @@ def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprob
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
-        **constraint)
+        logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, **constraint)
     check_constraint(state, params)
     return params
 
@@ -127,6 +127,8 @@ async def _completion_prompt(state: ServerState,
         return None, list(prompt)
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], await off_loop(state.executor.llm.encode, prompt[0])
+    if len(prompt) == 1 and isinstance(prompt[0], list):  # [[ids]]: lm-eval's local-completions, batch size 1
+        return await _completion_prompt(state, prompt[0])
     raise ApiError(VALIDATION, "prompt must be one prompt: a string, a list of one string, or a list of token ids; "
                                "send one request per prompt")
 
@@ -137,15 +139,21 @@ class _CompletionLogprobs:
     def __init__(self, state: ServerState, offset: int) -> None:
         self._state, self._offset = state, offset
 
-    def __call__(self, lps: list[TokenLogprobs]) -> dict[str, Any]:
+    def __call__(self, lps: list[TokenLogprobs], prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None
+                 ) -> dict[str, Any]:
+        """The generated tokens' lists; with `prompt` (echo: its ids and their logprobs) those come first,
+        null for the first prompt token as OpenAI returns it."""
         texts = self._state.token_texts
+        pairs: list[tuple[int, TokenLogprobs | None]] = list(zip(*prompt)) if prompt else []
+        pairs += [(lp.token_id, lp) for lp in lps]
         tokens, offsets = [], []
-        for lp in lps:
-            tokens.append(texts(lp.token_id))
+        for token_id, _ in pairs:
+            tokens.append(texts(token_id))
             offsets.append(self._offset)
             self._offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-                "top_logprobs": [{texts(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for _, lp in pairs],
+                "top_logprobs": [{texts(t): v for t, v in lp.top} if lp else None for _, lp in pairs],
+                "text_offset": offsets}
 
 
 @router.post("/completions", summary="Text completion (OpenAI)")
@@ -153,15 +161,21 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
     _check_request(state, body)
     check_top_logprobs(state.config, body.logprobs, "logprobs")
     check_capacity(state)
+    if body.suffix is not None:
+        raise ApiError(VALIDATION, "suffix (text insertion) is not supported by this model server; put all the "
+                                   "text in prompt and leave suffix out")
+    scored = body.echo and body.logprobs is not None  # the prompt's own logprobs (lm-eval's loglikelihood)
+    if scored and body.stream:
+        raise ApiError(VALIDATION, "echo with logprobs is not streamed by this server; send stream: false")
     text, ids = await _completion_prompt(state, body.prompt)
     new_tokens = max_new_tokens(state, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens")
-    params = _sampling(state, body, new_tokens, body.logprobs)
+    params = _sampling(state, body, new_tokens, body.logprobs, prompt_logprobs=body.logprobs if scored else None)
     echo = (text if text is not None else await off_loop(state.executor.llm.tokenizer.decode, ids)) if body.echo \
         else ""
     # no await from here to the response: an admitted request is always closed by it (or by output())
     active = admit(state, ids, params, "max_tokens")
     make = _envelope("text_completion", state.config.model_name)
-    logprobs = _CompletionLogprobs(state, len(echo)) if body.logprobs is not None else None
+    logprobs = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
 
     def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": delta, "logprobs": logprobs([lp]) if logprobs and lp else None,
@@ -172,7 +186,8 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
     return make(choices=[{"index": 0, "text": echo + out.text,
-                          "logprobs": logprobs(list(out.logprobs)) if logprobs and out.logprobs else None,
+                          "logprobs": logprobs(list(out.logprobs), (ids, list(out.prompt_logprobs)) if scored
+                                               else None) if logprobs and out.logprobs is not None else None,
                           "finish_reason": out.finish_reason}], usage=_usage(active))
 
 

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (pydantic; a bad field is a 422 naming it).
 
-Unknown fields are refused rather than ignored, so a typo or a feature this server lacks (tools,
-response_format, logit_bias, n > 1 ...) is an error instead of silently different output.
-top_k, min_p and repetition_penalty are accepted as extensions, with vLLM's names.
+Unknown top-level fields are accepted and ignored, as vLLM does (clients send fields a server may not
+know, e.g. newer OpenAI options); a known field of the wrong type is a 422 naming it. top_k, min_p,
+repetition_penalty and the guided_* fields are accepted as extensions, with vLLM's names.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     model: Text | None = None
     temperature: float | None = None
@@ -36,6 +36,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     seed: int | None = None
     user: Text | None = None  # an end-user id for abuse tracking upstream: accepted, unused
+    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}
     # extensions (vLLM's names)
     top_k: int | None = None
     min_p: float | None = None
@@ -48,11 +49,13 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[int] = Field(description="one prompt: text, [text] or token ids")
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description="one prompt: text, [text], "
+                                                                                 "token ids or [token ids]")
     max_tokens: int | None = None
     logprobs: int | None = Field(None, ge=0, description="the sampled token's logprob + this many alternatives "
                                                          "(at most the server's --max-top-logprobs, 20 by default)")
-    echo: bool = False
+    echo: bool = False  # with logprobs: the prompt's tokens get logprobs too (first one null)
+    suffix: Text | None = None  # insertion: refused
 
 
 class TextPart(BaseModel):
