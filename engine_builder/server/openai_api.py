@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server import tool_calls
@@ -39,6 +40,7 @@ from engine_builder.server.generation import (
     sse,
 )
 from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
+from engine_builder.server.openai_choices import check_n, n_outputs
 from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine_builder.server.structured_output import check_constraint, openai_constraint
 
@@ -51,8 +53,7 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
     if body.model is not None and body.model != state.config.model_name:
         raise ApiError(MODEL_NOT_FOUND, f"model {body.model!r} does not exist on this server; it serves "
                                         f"{state.config.model_name!r} (see GET /v1/models)")
-    if body.n != 1:
-        raise ApiError(VALIDATION, f"n must be 1 on this server, got {body.n}; send one request per choice")
+    check_n(body.n, body.stream)
     if body.stream_options is not None and not body.stream:
         raise ApiError(VALIDATION, "stream_options is only allowed with stream: true")
     check_stop(state.config, body.stop)
@@ -172,9 +173,19 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
     params = _sampling(state, body, new_tokens, body.logprobs, prompt_logprobs=body.logprobs if scored else None)
     echo = (text if text is not None else await off_loop(state.executor.llm.tokenizer.decode, ids)) if body.echo \
         else ""
+    make = _envelope("text_completion", state.config.model_name)
+
+    def whole(index: int, out: RequestOutput) -> dict[str, Any]:
+        lps = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
+        return {"index": index, "text": echo + out.text,
+                "logprobs": lps(list(out.logprobs), (ids, list(out.prompt_logprobs)) if scored else None)
+                if lps and out.logprobs is not None else None, "finish_reason": out.finish_reason}
+
+    if body.n > 1:
+        outs, usage = await n_outputs(state, request, ids, params, "max_tokens", body.n)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
     # no await from here to the response: an admitted request is always closed by it (or by output())
     active = admit(state, ids, params, "max_tokens")
-    make = _envelope("text_completion", state.config.model_name)
     logprobs = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
 
     def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
@@ -185,10 +196,7 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
         first = {"index": 0, "text": echo, "logprobs": None, "finish_reason": None} if echo else None
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
-    return make(choices=[{"index": 0, "text": echo + out.text,
-                          "logprobs": logprobs(list(out.logprobs), (ids, list(out.prompt_logprobs)) if scored
-                                               else None) if logprobs and out.logprobs is not None else None,
-                          "finish_reason": out.finish_reason}], usage=_usage(active))
+    return make(choices=[whole(0, out)], usage=_usage(active))
 
 
 # --- /v1/chat/completions -------------------------------------------------------------------------
@@ -220,7 +228,22 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    active = admit(state, ids, _sampling(state, body, new_tokens, logprobs, tool_plan.constraint()), field)
+    params = _sampling(state, body, new_tokens, logprobs, tool_plan.constraint())
+
+    def whole(index: int, out: RequestOutput) -> dict[str, Any]:
+        content, calls = tool_calls.parse(out.text, tool_plan)
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": index, "message": message,
+                "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
+                "finish_reason": "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason}
+
+    if body.n > 1:
+        outs, usage = await n_outputs(state, request, ids, params, field, body.n)
+        make = _envelope("chat.completion", state.config.model_name)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
+    active = admit(state, ids, params, field)
     if body.stream:
         make = _envelope("chat.completion.chunk", state.config.model_name)
         choice = tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
@@ -228,14 +251,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
     make = _envelope("chat.completion", state.config.model_name)
-    content, calls = tool_calls.parse(out.text, tool_plan)
-    message = {"role": "assistant", "content": content, "refusal": None}
-    if calls:
-        message["tool_calls"] = calls
-    finish_reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
-    return make(choices=[{"index": 0, "message": message,
-                          "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
-                          "finish_reason": finish_reason}], usage=_usage(active))
+    return make(choices=[whole(0, out)], usage=_usage(active))
 
 
 # --- /v1/models -----------------------------------------------------------------------------------

@@ -80,3 +80,14 @@ def test_tokenize_and_detokenize(smol_server, smollm2_llm):
     assert text == PROMPT
     bad = httpx.post(f"{smol_server.url}/detokenize", json={"tokens": [-1]}, timeout=30)
     assert bad.status_code == 422 and "tokens" in bad.json()["error"]
+
+
+def test_n_choices_seeded_and_usage(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=7, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 18 and r.usage.total_tokens == r.usage.prompt_tokens + 18
+    alone = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=8)
+    assert alone.choices[0].text == r.choices[1].text  # choice i is seed + i
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                       temperature=1.0, seed=1, n=2)
+    assert len(c.choices) == 2 and c.usage.completion_tokens == 6
