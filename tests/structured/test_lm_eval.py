@@ -16,25 +16,37 @@ from engine_builder.runner.logits_processors import log_softmax
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 
 
-def _direct_loglikelihood(llm: LLM, context: str, continuation: str) -> tuple[float, bool]:
-    """lm-eval's split (context tokens, then the rest of context + continuation), scored one token per
-    engine call with float32 log_softmax: the twin's own numbers."""
-    whole = llm.tokenizer(context + continuation, add_special_tokens=False).input_ids
+def _direct_loglikelihoods(llm: LLM, context: str, continuations: list[str]) -> list[tuple[float, bool]]:
+    """lm-eval's split (its _encode_pair: the context's tokens, then what the whole adds), scored one
+    token per engine call with float32 log_softmax: the twin's own numbers. The context is fed once and
+    each continuation continues from it (the KV cache rewound to the context's end)."""
     ctx = llm.tokenizer(context, add_special_tokens=False).input_ids
+    conts = [llm.tokenizer(context + c, add_special_tokens=False).input_ids[len(ctx):] for c in continuations]
     backend = llm.backend
-    backend.kv.allocate(0, len(whole), 1)
-    total, greedy = 0.0, True
+    backend.kv.allocate(0, len(ctx) + max(map(len, conts)), 1)
+
+    def step(token: int) -> np.ndarray:
+        logits = np.array(backend.step(0, np.asarray([[token]], np.int64)))  # [1, vocab], a copy
+        backend.kv.advance(0, 1)
+        return log_softmax(logits)[0]
+
+    out = []
     try:
-        for i in range(len(whole) - 1):
-            logits = backend.step(0, np.asarray([[whole[i]]], np.int64))
-            backend.kv.advance(0, 1)
-            if i + 1 >= len(ctx):
-                logp = log_softmax(np.array(logits))[0]
-                total += float(logp[whole[i + 1]])
-                greedy &= int(logp.argmax()) == whole[i + 1]
+        for t in ctx[:-1]:
+            step(t)
+        after_context = step(ctx[-1])
+        for cont in conts:
+            backend.kv.rewind(0, len(ctx))
+            logp, total, greedy = after_context, 0.0, True
+            for i, token in enumerate(cont):
+                total += float(logp[token])
+                greedy &= int(logp.argmax()) == token
+                if i + 1 < len(cont):
+                    logp = step(token)
+            out.append((total, greedy))
     finally:
         backend.release(0)
-    return total, greedy
+    return out
 
 
 def test_lm_eval_local_completions_matches_direct_scoring(smol_server, smol_long_engine, tmp_path, monkeypatch):
@@ -56,12 +68,13 @@ def test_lm_eval_local_completions_matches_direct_scoring(smol_server, smol_long
     with LLM(smol_long_engine, backend="onnxruntime") as llm:
         correct = 0
         for sample in samples:
-            scores = []
-            for (context, continuation), (served,) in zip(sample["arguments"], sample["resps"]):
-                direct = _direct_loglikelihood(llm, context, continuation)
-                assert math.isclose(served[0], direct[0], rel_tol=0, abs_tol=1e-4), (served, direct)
-                assert served[1] == direct[1]
-                scores.append(direct[0])
+            context = sample["arguments"][0][0]
+            assert all(a[0] == context for a in sample["arguments"])
+            direct = _direct_loglikelihoods(llm, context, [a[1] for a in sample["arguments"]])
+            for (served,), (ll, greedy) in zip(sample["resps"], direct):
+                assert math.isclose(served[0], ll, rel_tol=0, abs_tol=1e-4), (served, ll)
+                assert served[1] == greedy
+            scores = [ll for ll, _ in direct]
             correct += int(np.argmax(scores)) == sample["target"]
     acc = results["results"]["trtbuild_tiny_qa"]["acc,none"]
     assert acc == correct / len(samples)
