@@ -50,11 +50,16 @@ def run(
     embed: Annotated[list[str] | None, typer.Option("--embed", help="Encoder engines: print this text's "
                                                                     "embedding (a JSON array); repeat for "
                                                                     "several.")] = None,
+    json_schema: Annotated[Path | None, typer.Option("--json-schema", help="Constrain the output to this JSON "
+                                                                            "schema file.")] = None,
+    regex: Annotated[str | None, typer.Option("--regex", help="Constrain the output to this regex.")] = None,
+    choice: Annotated[list[str] | None, typer.Option("--choice", help="The output is one of these; repeat.")] = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
     Example: trtbuild run engine --chat --prompt "What is the capital of France?" --max-new-tokens 64
     """
+    from engine_builder.cli.structured_options import constraint_options
     from engine_builder.runner.backend_choice import BACKENDS
     from engine_builder.runner.sampling_params import SamplingParams
 
@@ -62,6 +67,7 @@ def run(
             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed, "num_beams": num_beams,
             "stop": tuple(stop) if stop else None}
     user = {k: v for k, v in user.items() if v is not None}
+    user.update(constraint_options(json_schema, regex, choice))
     SamplingParams(**user)  # invalid values fail here, before the engine is loaded
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")

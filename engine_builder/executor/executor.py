@@ -90,6 +90,7 @@ class Executor:
         request_id = next(self._ids)
         state = self._generator.new_request(request_id, ids, params)  # checks the ids against the vocab
         handle = RequestHandle(request_id, tuple(ids), params, self._cancel)
+        handle.prompt_logprobs = state.prompt_logprobs  # filled by this thread's prefill, before any event
         with self._lock:
             if not self._accepting:
                 raise InputError(self._closed_reason)

@@ -51,6 +51,7 @@ class RequestHandle:
         self._events: list[TokenEvent] = []
         self._subscribers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[TokenEvent]]] = []
         self._stop_reason: int | str | None = None
+        self.prompt_logprobs: list | None = None  # the request state's list (params.prompt_logprobs)
 
     @property
     def finished(self) -> bool:
@@ -111,7 +112,8 @@ class RequestHandle:
         tokens = [e for e in events if e.token_id is not None]
         return RequestOutput(None, self.prompt_token_ids, "".join(e.text for e in events),
                              tuple(e.token_id for e in tokens), final.finish_reason, self._stop_reason,
-                             tuple(e.logprob for e in tokens) if self.params.logprobs is not None else None)
+                             tuple(e.logprob for e in tokens) if self.params.logprobs is not None else None,
+                             tuple(self.prompt_logprobs) if self.prompt_logprobs is not None else None)
 
     # --- the executor thread's side -------------------------------------------------------------
 

@@ -39,7 +39,9 @@ import numpy as np
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import run_beam_search
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
+from engine_builder.runner.grammar import GrammarCompiler
 from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.prompt_logprobs import score as score_prompt
 from engine_builder.runner.request_state import Event, RequestState, StepClock, Timings
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
@@ -61,6 +63,9 @@ class Generator:
         self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
         self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
         self._owner_lock = threading.Lock()
+        # json_schema / regex / choice requests: llguidance over this tokenizer (grammar.py), built lazily
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.grammars = GrammarCompiler(tokenizer, backend.vocab_size, eos)
 
     # --- ownership --------------------------------------------------------------------------
 
@@ -99,9 +104,11 @@ class Generator:
         # SamplingState first: it refuses ids outside the vocab, which the detokenizer would not survive
         state = SamplingState(params, prompt_ids, self.backend.vocab_size)
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+        state.grammar = self.grammars.matcher(params)  # UnsupportedError / InputError for a bad constraint
         return RequestState(index, list(prompt_ids), params, state,
                             StopChecker(params, detok, self.eos_token_ids),
-                            logprobs=[] if params.logprobs is not None else None)
+                            logprobs=[] if params.logprobs is not None else None,
+                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -167,16 +174,32 @@ class Generator:
         kv = self.backend.kv
         context = r.prompt_ids + r.token_ids
         start = kv.length(r.slot)
-        if start == 0 and not r.token_ids and self.prefix_cache is not None:
+        scored = r.prompt_logprobs is not None and not r.token_ids  # cached blocks have no logits to score
+        if start == 0 and not r.token_ids and self.prefix_cache is not None and not scored:
             start = self.prefix_cache.load(r.prompt_ids, r.slot)  # cached blocks are copied, not computed
         end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
-        logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
-        kv.advance(r.slot, end - start)
+        if end == len(context) and r.sampling.grammar is not None:
+            r.sampling.grammar.prefetch()
+        if scored:
+            logits = self._prefill_scored(r, start, end)
+        else:
+            logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
+            kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
             self.prefix_cache.store(r.prompt_ids, r.slot)
         if end == len(context):  # earlier chunks' logits predict prompt tokens we already have
             sample = self.sampler(logits, [r.sampling])
             self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
+
+    def _prefill_scored(self, r: RequestState, start: int, end: int) -> np.ndarray:
+        """Prompt tokens start..end one per engine call, scoring each next prompt token (prompt_logprobs)."""
+        logits = None
+        for i in range(start, end):
+            logits = self.backend.step(r.slot, np.asarray([[r.prompt_ids[i]]], np.int64))  # [1, vocab]
+            self.backend.kv.advance(r.slot, 1)
+            if i + 1 < len(r.prompt_ids):
+                r.prompt_logprobs.append(score_prompt(logits, r.prompt_ids[i + 1], r.params.prompt_logprobs))
+        return logits
 
     def reprefill(self, active: dict[int, RequestState], events: list[Event]) -> None:
         """longrope: a sequence reaching the switch length is recomputed with the long factors."""
@@ -199,6 +222,9 @@ class Generator:
         execute_before = self.backend.execute_seconds
         slots = sorted(active)
         hi = slots[-1] + 1
+        for s in slots:  # grammar masks are computed in a worker while the engine runs
+            if active[s].sampling.grammar is not None:
+                active[s].sampling.grammar.prefetch()
         logits = self.backend.step(0, self._next_ids[:hi])  # [hi, vocab]
         if len(slots) < hi:  # rows that rode along: drop their logits
             logits = logits[slots]

@@ -45,6 +45,8 @@ class RequestOutput:
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length" (max_new_tokens)
     stop_reason: int | str | None  # the stop string or stop_token_ids entry that matched; None for EOS/length
     logprobs: tuple[TokenLogprobs, ...] | None  # one per token_ids entry when params.logprobs is set
+    # one per prompt token (None for the first) when params.prompt_logprobs is set
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"text": self.text, "token_ids": list(self.token_ids),
@@ -57,7 +59,8 @@ class RequestOutput:
 
 def _output(r: RequestState, prompt: str | None) -> RequestOutput:
     return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), r.finish_reason or "length",
-                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None)
+                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None,
+                         tuple(r.prompt_logprobs) if r.prompt_logprobs is not None else None)
 
 
 class TokenStream:
@@ -136,18 +139,21 @@ class LLM:
             raise InputError(f"a prompt must be a string, got {type(prompt).__name__}")
         return list(self.tokenizer(prompt).input_ids)
 
-    def encode_chat(self, messages: Messages) -> list[int]:
+    def encode_chat(self, messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """The chat template's text as token ids; the template already holds the special tokens
         (BOS, turn markers), so none are added again."""
-        return list(self.tokenizer(self.apply_chat_template(messages), add_special_tokens=False).input_ids)
+        return list(self.tokenizer(self.apply_chat_template(messages, tools), add_special_tokens=False).input_ids)
 
-    def apply_chat_template(self, messages: Messages) -> str:
-        """The model's chat template over `messages`, ending with the assistant's turn opener."""
+    def apply_chat_template(self, messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The model's chat template over `messages` (and OpenAI-style `tools`, for templates that render
+        them), ending with the assistant's turn opener."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise InputError(f"the tokenizer in {self.engine.path} has no chat template; use generate() "
                              "with a plain prompt instead of chat()")
         try:
-            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+            extra = {"tools": list(tools)} if tools else {}
+            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                      **extra)
         except Exception as exc:  # jinja's TemplateError, or a message without role/content
             raise InputError(f"cannot apply the chat template to these messages: {exc}; give a list of "
                              '{"role": ..., "content": ...} dicts') from None

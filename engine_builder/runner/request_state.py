@@ -51,6 +51,8 @@ class RequestState:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     text: str = ""  # final text (filled when finished)
+    # params.prompt_logprobs: one per prompt token, None for the first (runner/prompt_logprobs.py)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,6 +1,8 @@
 """Next-token selection for a batch of requests, each with its own SamplingParams.
 
-Order, as HF transformers applies its logits processors: repetition penalty (prompt +
+Order: logit_bias and the grammar's token mask first (as vLLM applies them, so no penalty or
+warper can revive a token the grammar forbids), then, as HF transformers applies its logits
+processors: repetition penalty (prompt +
 generated ids), then presence/frequency penalties (generated ids; OpenAI semantics, not in
 HF), then for sampling rows temperature, top_k, top_p, min_p, and a draw. Greedy rows
 (temperature 0) take the argmax of the penalized logits.
@@ -21,6 +23,8 @@ from typing import Literal
 import numpy as np
 
 from engine_builder.runner import logits_processors as lp
+from engine_builder.runner.grammar import GrammarMatcher
+from engine_builder.runner.sampling_constraints import constrain
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.util.errors import InputError
 
@@ -34,6 +38,7 @@ class SamplingState:
         self.params = params
         self.vocab_size = vocab_size
         self.output_ids: list[int] = []
+        self.grammar: GrammarMatcher | None = None  # set by the Generator for json_schema / regex / choice
         # A request with a seed owns its generator, so its draws do not depend on which other
         # requests share the batch; unseeded requests draw from the Sampler's generator.
         self.rng = np.random.default_rng(params.seed) if params.seed is not None else None
@@ -52,6 +57,8 @@ class SamplingState:
 
     def append(self, token_id: int) -> None:
         self.output_ids.append(int(token_id))
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if self.seen is not None:
             self.seen[token_id] = True
         if self.counts is not None:
@@ -88,6 +95,7 @@ class Sampler:
         for s in states:
             if s.vocab_size != x.shape[1]:
                 raise ValueError(f"state built for vocab {s.vocab_size}, logits have {x.shape[1]}")
+        constrain(x, states)  # logit_bias, then the grammar's mask (sampling_constraints.py)
 
         rows = np.flatnonzero([s.seen is not None for s in states])
         if rows.size:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine_builder.runner.sampling_extras import normalize_extras
 from engine_builder.util.errors import InputError
 
 # HF `generate()` samples with top_k=50 when sampling is on and neither the call nor the
@@ -49,6 +50,12 @@ class SamplingParams:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool = False
+    # Structured output and logit_bias (runner/sampling_extras.py checks and normalizes them).
+    json_schema: str | dict | None = None  # stored as canonical JSON text
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # {token_id: bias} given; sorted pairs stored
+    prompt_logprobs: int | None = None  # None = off; n = each prompt token's logprob + the top n (vLLM)
 
     def __post_init__(self) -> None:
         # Lists (from JSON/CLI) become tuples so the frozen object is hashable and immutable.
@@ -60,6 +67,7 @@ class SamplingParams:
                 object.__setattr__(self, name, tuple(value or ()))
             except TypeError:
                 raise InputError(f"{name} must be a list, got {value!r}") from None
+        normalize_extras(self)
         self.validate()
 
     def validate(self) -> None:

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from engine_builder.executor import Executor
-from engine_builder.server import embeddings_api, openai_api, tgi
+from engine_builder.server import embeddings_api, openai_api, tgi, tokenize_api
 from engine_builder.server.auth import ApiKeyMiddleware
 from engine_builder.server.body_limit import BodyLimitMiddleware
 from engine_builder.server.config import ServerConfig
@@ -43,6 +43,7 @@ def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.include_router(embeddings_api.router)  # answers 400 here: a generation engine has no embeddings
+    app.include_router(tokenize_api.router)
 
     @app.get("/health", tags=["operations"], summary="200 while the executor runs")
     async def health(request: Request) -> Response:

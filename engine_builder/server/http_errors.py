@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine_builder.util.errors import CapacityError, TrtbuildError
+from engine_builder.util.errors import CapacityError, TrtbuildError, UnsupportedError
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class ErrorKind:
 
 
 VALIDATION = ErrorKind(422, "validation", "invalid_request_error", "invalid_request")
+# a well-formed request asking for something this server cannot do exactly (a JSON schema keyword the
+# grammar engine cannot enforce): 400, as OpenAI and vLLM answer it
+BAD_REQUEST = ErrorKind(400, "validation", "invalid_request_error", "unsupported")
 OVERLOADED = ErrorKind(429, "overloaded", "rate_limit_error", "too_many_requests")
 UNAUTHORIZED = ErrorKind(401, "authentication", "authentication_error", "invalid_api_key")
 NOT_FOUND = ErrorKind(404, "not_found", "invalid_request_error", "not_found")
@@ -111,6 +114,8 @@ def from_trtbuild_error(exc: TrtbuildError) -> ApiError:
     else (InputError, a request that cannot fit the engine) is the request's fault (422)."""
     if isinstance(exc, CapacityError):
         return ApiError(OVERLOADED, str(exc))
+    if isinstance(exc, UnsupportedError):
+        return ApiError(BAD_REQUEST, str(exc))
     return ApiError(VALIDATION, str(exc))
 
 

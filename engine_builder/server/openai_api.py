@@ -20,8 +20,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.server import tool_calls
 from engine_builder.server.generation import (
     ActiveRequest,
     EventStream,
@@ -38,7 +40,9 @@ from engine_builder.server.generation import (
     sse,
 )
 from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
+from engine_builder.server.openai_choices import check_n, n_outputs
 from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from engine_builder.server.structured_output import check_constraint, openai_constraint
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -49,19 +53,27 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
     if body.model is not None and body.model != state.config.model_name:
         raise ApiError(MODEL_NOT_FOUND, f"model {body.model!r} does not exist on this server; it serves "
                                         f"{state.config.model_name!r} (see GET /v1/models)")
-    if body.n != 1:
-        raise ApiError(VALIDATION, f"n must be 1 on this server, got {body.n}; send one request per choice")
+    check_n(body.n, body.stream)
     if body.stream_options is not None and not body.stream:
         raise ApiError(VALIDATION, "stream_options is only allowed with stream: true")
     check_stop(state.config, body.stop)
 
 
-def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None) -> SamplingParams:
+def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None,
+              tool_constraint: dict[str, Any] | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+    constraint = openai_constraint(body)
+    if tool_constraint and constraint:
+        raise ApiError(VALIDATION, "response_format cannot be combined with tool_choice required or a named "
+                                   "function (the tool's schema already constrains the output)")
+    constraint = tool_constraint or constraint
     # stop: a string or a list, as OpenAI allows; SamplingParams takes both
-    return state.executor.llm.default_params(
+    params = state.executor.llm.default_params(
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs)
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
+        logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, **constraint)
+    check_constraint(state, params)
+    return params
 
 
 def _envelope(kind: str, model: str) -> Callable[..., dict[str, Any]]:
@@ -116,6 +128,8 @@ async def _completion_prompt(state: ServerState,
         return None, list(prompt)
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], await off_loop(state.executor.llm.encode, prompt[0])
+    if len(prompt) == 1 and isinstance(prompt[0], list):  # [[ids]]: lm-eval's local-completions, batch size 1
+        return await _completion_prompt(state, prompt[0])
     raise ApiError(VALIDATION, "prompt must be one prompt: a string, a list of one string, or a list of token ids; "
                                "send one request per prompt")
 
@@ -126,15 +140,21 @@ class _CompletionLogprobs:
     def __init__(self, state: ServerState, offset: int) -> None:
         self._state, self._offset = state, offset
 
-    def __call__(self, lps: list[TokenLogprobs]) -> dict[str, Any]:
+    def __call__(self, lps: list[TokenLogprobs], prompt: tuple[list[int], list[TokenLogprobs | None]] | None = None
+                 ) -> dict[str, Any]:
+        """The generated tokens' lists; with `prompt` (echo: its ids and their logprobs) those come first,
+        null for the first prompt token as OpenAI returns it."""
         texts = self._state.token_texts
+        pairs: list[tuple[int, TokenLogprobs | None]] = list(zip(*prompt)) if prompt else []
+        pairs += [(lp.token_id, lp) for lp in lps]
         tokens, offsets = [], []
-        for lp in lps:
-            tokens.append(texts(lp.token_id))
+        for token_id, _ in pairs:
+            tokens.append(texts(token_id))
             offsets.append(self._offset)
             self._offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-                "top_logprobs": [{texts(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for _, lp in pairs],
+                "top_logprobs": [{texts(t): v for t, v in lp.top} if lp else None for _, lp in pairs],
+                "text_offset": offsets}
 
 
 @router.post("/completions", summary="Text completion (OpenAI)")
@@ -142,15 +162,31 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
     _check_request(state, body)
     check_top_logprobs(state.config, body.logprobs, "logprobs")
     check_capacity(state)
+    if body.suffix is not None:
+        raise ApiError(VALIDATION, "suffix (text insertion) is not supported by this model server; put all the "
+                                   "text in prompt and leave suffix out")
+    scored = body.echo and body.logprobs is not None  # the prompt's own logprobs (lm-eval's loglikelihood)
+    if scored and body.stream:
+        raise ApiError(VALIDATION, "echo with logprobs is not streamed by this server; send stream: false")
     text, ids = await _completion_prompt(state, body.prompt)
     new_tokens = max_new_tokens(state, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens")
-    params = _sampling(state, body, new_tokens, body.logprobs)
+    params = _sampling(state, body, new_tokens, body.logprobs, prompt_logprobs=body.logprobs if scored else None)
     echo = (text if text is not None else await off_loop(state.executor.llm.tokenizer.decode, ids)) if body.echo \
         else ""
+    make = _envelope("text_completion", state.config.model_name)
+
+    def whole(index: int, out: RequestOutput) -> dict[str, Any]:
+        lps = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
+        return {"index": index, "text": echo + out.text,
+                "logprobs": lps(list(out.logprobs), (ids, list(out.prompt_logprobs)) if scored else None)
+                if lps and out.logprobs is not None else None, "finish_reason": out.finish_reason}
+
+    if body.n > 1:
+        outs, usage = await n_outputs(state, request, ids, params, "max_tokens", body.n)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
     # no await from here to the response: an admitted request is always closed by it (or by output())
     active = admit(state, ids, params, "max_tokens")
-    make = _envelope("text_completion", state.config.model_name)
-    logprobs = _CompletionLogprobs(state, len(echo)) if body.logprobs is not None else None
+    logprobs = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
 
     def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": delta, "logprobs": logprobs([lp]) if logprobs and lp else None,
@@ -160,9 +196,7 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
         first = {"index": 0, "text": echo, "logprobs": None, "finish_reason": None} if echo else None
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
-    return make(choices=[{"index": 0, "text": echo + out.text,
-                          "logprobs": logprobs(list(out.logprobs)) if logprobs and out.logprobs else None,
-                          "finish_reason": out.finish_reason}], usage=_usage(active))
+    return make(choices=[whole(0, out)], usage=_usage(active))
 
 
 # --- /v1/chat/completions -------------------------------------------------------------------------
@@ -186,28 +220,38 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
         raise ApiError(VALIDATION, "top_logprobs needs logprobs: true")
     check_top_logprobs(state.config, body.top_logprobs, "top_logprobs")
     check_capacity(state)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    ids = await off_loop(state.executor.llm.encode_chat, messages)
+    tool_plan = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+    messages, tools = tool_calls.render(body.messages, tool_plan,
+                                        tool_calls.template_knows_tools(state.executor.llm.tokenizer))
+    ids = await off_loop(state.executor.llm.encode_chat, messages, tools)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    active = admit(state, ids, _sampling(state, body, new_tokens, logprobs), field)
+    params = _sampling(state, body, new_tokens, logprobs, tool_plan.constraint())
+
+    def whole(index: int, out: RequestOutput) -> dict[str, Any]:
+        content, calls = tool_calls.parse(out.text, tool_plan)
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": index, "message": message,
+                "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
+                "finish_reason": "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason}
+
+    if body.n > 1:
+        outs, usage = await n_outputs(state, request, ids, params, field, body.n)
+        make = _envelope("chat.completion", state.config.model_name)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
+    active = admit(state, ids, params, field)
     if body.stream:
         make = _envelope("chat.completion.chunk", state.config.model_name)
-
-        def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
-            return {"index": 0, "delta": {"content": delta} if delta else {},
-                    "logprobs": _chat_logprobs(state, [lp]) if lp else None, "finish_reason": finish_reason}
-
+        choice = tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return _stream(active, body, make, choice, first)
     out = await active.output(request)
     make = _envelope("chat.completion", state.config.model_name)
-    message = {"role": "assistant", "content": out.text, "refusal": None}
-    return make(choices=[{"index": 0, "message": message,
-                          "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
-                          "finish_reason": out.finish_reason}], usage=_usage(active))
+    return make(choices=[whole(0, out)], usage=_usage(active))
 
 
 # --- /v1/models -----------------------------------------------------------------------------------

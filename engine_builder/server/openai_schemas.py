@@ -1,17 +1,19 @@
 """Request bodies of the OpenAI-compatible routes (pydantic; a bad field is a 422 naming it).
 
-Unknown fields are refused rather than ignored, so a typo or a feature this server lacks (tools,
-response_format, logit_bias, n > 1 ...) is an error instead of silently different output.
-top_k, min_p and repetition_penalty are accepted as extensions, with vLLM's names.
+Unknown top-level fields are accepted and ignored, as vLLM does (clients send fields a server may not
+know, e.g. newer OpenAI options); a known field of the wrong type is a 422 naming it. top_k, min_p,
+repetition_penalty and the guided_* fields are accepted as extensions, with vLLM's names.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_builder.server.schema_types import Text
+from engine_builder.server.structured_output import ResponseFormat
+from engine_builder.server.tool_calls import Tool, ToolCall, ToolChoice
 
 
 class StreamOptions(BaseModel):
@@ -21,7 +23,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     model: Text | None = None
     temperature: float | None = None
@@ -34,18 +36,26 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     seed: int | None = None
     user: Text | None = None  # an end-user id for abuse tracking upstream: accepted, unused
+    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}
     # extensions (vLLM's names)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    # structured output (server/structured_output.py)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[int] = Field(description="one prompt: text, [text] or token ids")
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(description="one prompt: text, [text], "
+                                                                                 "token ids or [token ids]")
     max_tokens: int | None = None
     logprobs: int | None = Field(None, ge=0, description="the sampled token's logprob + this many alternatives "
                                                          "(at most the server's --max-top-logprobs, 20 by default)")
-    echo: bool = False
+    echo: bool = False  # with logprobs: the prompt's tokens get logprobs too (first one null)
+    suffix: Text | None = None  # insertion: refused
 
 
 class TextPart(BaseModel):
@@ -56,13 +66,17 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")  # a client echoes back assistant messages with fields of its own
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None  # None: an assistant turn that only called tools
     name: Text | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (server/tool_calls.py)
+    tool_call_id: Text | None = None  # a tool message answers this call
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -75,3 +89,6 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, description="alternatives per token (at most the server's "
                                                              "--max-top-logprobs, 20 by default)")
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # default: auto with tools, none without
+    parallel_tool_calls: bool | None = None  # false: "required" returns exactly one call

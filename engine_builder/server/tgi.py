@@ -41,6 +41,7 @@ from engine_builder.server.generation import (
 )
 from engine_builder.server.http_errors import VALIDATION, ApiError
 from engine_builder.server.schema_types import Text
+from engine_builder.server.structured_output import TgiGrammar, check_constraint, tgi_constraint
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
 
@@ -69,7 +70,7 @@ class TgiParameters(BaseModel):
     best_of: int | None = None
     typical_p: float | None = None
     watermark: bool = False
-    grammar: dict[str, Any] | None = None
+    grammar: TgiGrammar | None = None  # json schema or regex (server/structured_output.py)
     adapter_id: Text | None = None
 
 
@@ -83,7 +84,7 @@ class TgiRequest(BaseModel):
 
 def _refuse_unsupported(p: TgiParameters) -> None:
     unsupported = {"best_of": p.best_of not in (None, 1), "typical_p": p.typical_p not in (None, 1.0),
-                   "watermark": p.watermark, "grammar": p.grammar is not None, "adapter_id": p.adapter_id is not None,
+                   "watermark": p.watermark, "adapter_id": p.adapter_id is not None,
                    "decoder_input_details": p.decoder_input_details}
     names = [k for k, v in unsupported.items() if v]
     if names:
@@ -101,7 +102,7 @@ def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: boo
         # TGI's neutral values, not the model's
         top_k=clamp_top_k(state, p.top_k or 0), top_p=1.0 if p.top_p is None else p.top_p,
         repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty, seed=seed,
-        stop=p.stop, logprobs=(p.top_n_tokens or 0) if want_logprobs else None)
+        stop=p.stop, logprobs=(p.top_n_tokens or 0) if want_logprobs else None, **tgi_constraint(p.grammar))
 
 
 async def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
@@ -114,6 +115,7 @@ async def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRe
     if p.truncate is not None:
         ids = ids[-p.truncate:]
     params = _sampling(state, p, len(ids), stream)
+    check_constraint(state, params)
     return admit(state, ids, params, "max_new_tokens")
 
 

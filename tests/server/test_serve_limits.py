@@ -163,7 +163,7 @@ def test_tgi_bounds_are_422_naming_the_field_and_the_bound(tiny_server, path, bo
     ("/v1/completions", {"prompt": "w5", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 (max_stop_sequences"),
     ("/v1/completions", {"prompt": "w5", "stop": "x" * 1000}, "at most 256 (max_stop_sequence_chars"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, "max_total_tokens 96"),
-    ("/v1/completions", {"prompt": "w5", "n": 5}, "n must be 1"),
+    ("/v1/completions", {"prompt": "w5", "n": 17}, "n must be in [1, 16]"),
 ])
 def test_openai_bounds_are_422_naming_the_field_and_the_bound(tiny_server, path, body, needle):
     assert_openai_error(post(tiny_server, path, body), 422, needle)
