@@ -64,6 +64,18 @@ class EngineDir:
         return self.manifest.build.dtype
 
     @property
+    def twin_dtype(self) -> str:
+        """The onnxruntime twin's activation and KV-cache dtype (float32 by default on CPUs without fast
+        float16, while the TensorRT engine keeps float16: build/dtype_choice.py)."""
+        return self.manifest.twin_dtype
+
+    @property
+    def twin_kv_layout(self) -> KVCacheLayout:
+        """The cache model.onnx takes."""
+        kv_cache = self.manifest.checkpoint_quantization.kv_cache
+        return KVCacheLayout.of(self.model, self.limits.max_seq_len, self.twin_dtype, kv_cache)
+
+    @property
     def targets(self) -> tuple[str, ...]:
         return self.manifest.targets
 
