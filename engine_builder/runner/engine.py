@@ -126,11 +126,26 @@ class EngineDir:
         return load_tokenizer(self.path)
 
 
+# tokenizer_config.json classes that are the generic tokenizers-backed class itself: loaded through it,
+# AutoTokenizer's import of transformers' model registry (and of torch: ~2 s of `trtbuild run`'s cold
+# start, issue 16) is skipped, for the same object AutoTokenizer would build
+_GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: Path) -> Any:
     """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load."""
-    from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
-
     try:
+        generic = (Path(path) / "tokenizer.json").is_file() and json.loads(
+            (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in _GENERIC_FAST
+    except (OSError, ValueError, AttributeError):
+        generic = False
+    try:
+        if generic:
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+            return TokenizersBackend.from_pretrained(str(path))
+        from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot load the tokenizer in {path}: {exc}".replace("\n", " ")) from None
