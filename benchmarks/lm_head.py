@@ -1,7 +1,7 @@
-"""What each `--lm-head` choice costs on SmolLM2-135M int4_awq g32: fidelity against the fp32 engine (ppl
+"""What each `--lm-head` choice costs on SmolLM2-135M int4_awq (or int4_wo) g32: fidelity against the fp32 engine (ppl
 ratio, KL, top-1, the windows `trtbuild eval` scores) and batch-1 decode speed of the onnxruntime twin.
 
-    python benchmarks/lm_head.py [--max-tokens 1024] [--context 256] [--runs 3] [--json]
+    python benchmarks/lm_head.py [--scheme int4_awq|int4_wo] [--max-tokens 1024] [--context 256] [--runs 3] [--json]
 
 Variants: float (`--lm-head float`), int8 (per output channel, convert's default for weight-only
 schemes) and same (int4 in groups of 32, like the body). The tied embedding stays float32 in all.
@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quant_decode import engine_dir, ours  # noqa: E402
 from smollm2_quant import checkpoint  # noqa: E402
 
-VARIANTS = {"float": "int4_awq_g32", "int8": "int4_awq_g32_lm8", "same": "int4_awq_g32_lm4"}
+
+def variants(scheme: str) -> dict[str, str]:
+    return {"float": f"{scheme}_g32", "int8": f"{scheme}_g32_lm8", "same": f"{scheme}_g32_lm4"}
 
 
 def lm_head_mb(ckpt: Path) -> float:
@@ -40,8 +42,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--work", type=Path, default=Path("build/bench-quant"))
+    parser.add_argument("--scheme", choices=["int4_awq", "int4_wo"], default="int4_awq",
+                        help="int4_wo needs no calibration: minutes faster to convert")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    VARIANTS = variants(args.scheme)  # noqa: N806
     from engine_builder import LLM
     from engine_builder.build.pipeline import build
     from engine_builder.eval import evaluate
@@ -70,7 +75,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"max_tokens": args.max_tokens, "context": args.context, "rows": rows}))
         return
-    print(f"SmolLM2-135M int4_awq g32, onnxruntime float32 twin; eval: {args.max_tokens} tokens in windows of "
+    print(f"SmolLM2-135M {args.scheme} g32, onnxruntime float32 twin; eval: {args.max_tokens} tokens in windows of "
           f"{args.context} vs the fp32 engine; decode: batch 1, {args.new_tokens} tokens, median of {args.runs}")
     print(f"{'--lm-head':<10} {'ppl ratio':>9} {'KL':>8} {'top-1':>7} {'tok/s':>7} {'lm_head MB':>10} {'ckpt MB':>8}")
     for choice, r in rows.items():

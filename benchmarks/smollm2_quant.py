@@ -25,8 +25,11 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
     "gguf": ("gguf", None, "none"),  # the GGUF's own Q4_1 blocks, nothing re-quantized
     "int4_awq_g32_lm8": ("int4_awq", 32, "none"),  # --lm-head int8 (the default)
     "int4_awq_g32_lm4": ("int4_awq", 32, "none"),  # --lm-head same: int4 in groups of 32
+    "int4_wo_g32_lm8": ("int4_wo", 32, "none"),
+    "int4_wo_g32_lm4": ("int4_wo", 32, "none"),
 }
-LM_HEAD = {"int4_awq_g32_lm8": "int8", "int4_awq_g32_lm4": "same"}  # the rest: float (gguf: the file's)
+LM_HEAD = {"int4_awq_g32_lm8": "int8", "int4_awq_g32_lm4": "same", "int4_wo_g32_lm8": "int8",
+           "int4_wo_g32_lm4": "same"}  # the rest: float (gguf: the file's)
 
 
 def checkpoint(work: Path, variant: str) -> Path:

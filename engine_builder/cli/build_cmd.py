@@ -113,7 +113,8 @@ def build(
                 table.add_row(r["name"], str(r["matches"]), r["why_not"] or "")
             stdout.print(table)
     engine = f", engine {result.engine_bytes / 1e6:.1f} MB" if result.engine_bytes else ""
-    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{engine}, "
+    twin = f" (twin {result.twin_dtype})" if result.twin_dtype and result.twin_dtype != result.dtype else ""
+    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{twin}{engine}, "
                  f"{result.seconds:.1f}s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB")
     if result.fidelity:
         shown = {k: result.fidelity.get(k) for k in ("ppl", "ppl_ratio", "kl", "top1_agreement")}
