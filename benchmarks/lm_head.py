@@ -27,12 +27,15 @@ def variants(scheme: str) -> dict[str, str]:
 
 
 def lm_head_mb(ckpt: Path) -> float:
+    """MB of lm_head's own tensors (0: a float lm_head of a tied model is the embedding itself)."""
+    import math
+
     from safetensors import safe_open
 
     with safe_open(str(ckpt / "rank0.safetensors"), "numpy") as f:
-        names = [n for n in f.keys() if n.startswith("lm_head.")]
-        return sum(f.get_slice(n).get_shape()[0] * max(1, *f.get_slice(n).get_shape()[1:]) *
-                   (1 if f.get_slice(n).get_dtype() in ("I8", "U8") else 4) for n in names) / 1e6
+        sizes = {"I8": 1, "U8": 1, "F16": 2, "BF16": 2, "F32": 4}
+        return sum(math.prod(f.get_slice(n).get_shape()) * sizes[f.get_slice(n).get_dtype()]
+                   for n in f.keys() if n.startswith("lm_head.")) / 1e6  # noqa: SIM118 (not a dict)
 
 
 def main() -> None:
