@@ -38,7 +38,8 @@ LLAMA_FORMATS = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_
                  "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q8_0 KV": None}
 # our variant -> the llama.cpp format of the same width and block
 PAIRS = {"int8_wo": "Q8_0", "int8_wo_g32": "Q8_0", "int4_wo": "Q4_0", "int4_wo_g32": "Q4_0", "int4_awq": "Q4_0",
-         "int4_awq_g32": "Q4_0", "fp32_kv8": "q8_0 KV",
+         "int4_awq_g32": "Q4_0", "int4_awq_g32_lm8": "Q4_0", "int4_awq_g32_lm4": "Q4_0",
+         "int4_wo_g32_lm8": "Q4_0", "int4_wo_g32_lm4": "Q4_0", "fp32_kv8": "q8_0 KV",
          "gguf": None}  # the GGUF's own blocks: no llama.cpp requantization pairs with its Q4_1 original
 DEFAULT_VARIANTS = ["int8_wo", "int8_wo_g32", "int4_wo_g32", "int4_awq", "int4_awq_g32", "fp32_kv8"]
 GGML_TYPE_Q8_0 = 8  # llama.cpp's KV-cache type for "q8_0 KV": int8 in blocks of 32 along head_dim

@@ -1,7 +1,9 @@
 """The SmolLM2-135M quantization variants the quantization benchmarks compare, made once per work dir.
 
 Group sizes are SmolLM2's: its hidden size 576 is a multiple of 64 and 32, not of 128. lm_head stays
-float (`--exclude lm_head`), as in tests/eval/test_quantized_fidelity.py: it is the tied embedding.
+float (`--lm-head float`), as in tests/eval/test_quantized_fidelity.py: it is the tied embedding; the
+`_lm8` and `_lm4` variants store it int8 per output channel (convert's default for weight-only schemes)
+and like the body (`--lm-head same`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
     "fp32_kv8": ("none", None, "int8"),  # float weights, int8 KV cache
     "int4_awq_kv8": ("int4_awq", 64, "int8"),
     "gguf": ("gguf", None, "none"),  # the GGUF's own Q4_1 blocks, nothing re-quantized
+    "int4_awq_g32_lm8": ("int4_awq", 32, "none"),  # --lm-head int8 (the default)
+    "int4_awq_g32_lm4": ("int4_awq", 32, "none"),  # --lm-head same: int4 in groups of 32
+    "int4_wo_g32_lm8": ("int4_wo", 32, "none"),
+    "int4_wo_g32_lm4": ("int4_wo", 32, "none"),
 }
+LM_HEAD = {"int4_awq_g32_lm8": "int8", "int4_awq_g32_lm4": "same", "int4_wo_g32_lm8": "int8",
+           "int4_wo_g32_lm4": "same"}  # the rest: float (gguf: the file's)
 
 
 def checkpoint(work: Path, variant: str) -> Path:
@@ -32,7 +40,9 @@ def checkpoint(work: Path, variant: str) -> Path:
     ckpt = work / f"ckpt-{variant}"
     if not ckpt.exists():
         quant, group, kv_cache = VARIANTS[variant]
-        options = {} if quant == "none" else {"group_size": group, "exclude": ["lm_head"]}
+        options = {} if quant == "none" else {"group_size": group, "lm_head": LM_HEAD.get(variant, "float")}
+        if quant == "gguf":
+            options = {"exclude": ["lm_head"]}
         convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, kv_cache=kv_cache, **options)
     return ckpt
 

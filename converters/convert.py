@@ -35,6 +35,7 @@ from engine_builder.formats.checkpoint import (
     SourceFingerprint,
 )
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.precision import tensor_groups
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
 from engine_builder.util.errors import InputError, UnsupportedError
@@ -92,6 +93,7 @@ class ConvertResult:
     quantized: int = 0  # linears stored quantized
     excluded: tuple[str, ...] = ()  # linears kept in full precision
     calibration_seconds: float = 0.0
+    precision: dict[str, str] | None = None  # embeddings / body / lm_head -> precision (formats/precision.py)
 
 
 def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str, ...] = ()) -> ConversionPlan:
@@ -141,7 +143,7 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
 def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quant: str = "none",
             group_size: int | None = None, kv_cache: str = "none", calib: Path | None = None,
             calib_samples: int | None = None, calib_seq_len: int | None = None, exclude: Iterable[str] = (),
-            progress: Progress | None = None) -> ConvertResult:
+            progress: Progress | None = None, lm_head: str | None = None) -> ConvertResult:
     """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none", and with
     int8 KV-cache scales when KV_CACHE is "int8".
 
@@ -152,7 +154,7 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     inputs = (src, calib)  # --force never deletes what it reads
     check_output_dir(out, force, inputs, CHECKPOINT_SCHEMA)  # fail before any expensive work
     options = QuantOptions(quant, group_size, kv_cache, Path(calib) if calib else None, calib_samples,
-                           calib_seq_len, tuple(exclude))
+                           calib_seq_len, tuple(exclude), lm_head)
     options.validate()
     started = time.perf_counter()
     peak = PeakRss()
@@ -170,6 +172,8 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
                                f"original with --quant int4_awq --kv-cache {options.kv_cache}")
     if quantizing:
         select_linears(cp.model, options)  # a bad --exclude or --group-size fails before any work
+    if options.needs_calibration:
+        _check_calibration_memory(cp.model, src, options)
     text = None
     if options.needs_calibration:  # a missing or empty --calib file fails now, not after the float checkpoint
         from converters.quantize import calibration_text
@@ -195,6 +199,7 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
                 written = _Written(result.tensors, result.bytes, written.largest, written.tokenizer_files,
                                    result.scheme, len(result.quantized), result.excluded,
                                    result.calibration_seconds, result.kv_cache)
+            final = CheckpointConfig.load(tmp)  # what was written: its precision per tensor group
     seconds = time.perf_counter() - started
     return ConvertResult(
         out=str(out), model_type=cp.model.architecture, source_format=cp.source.kind, dtype=cp.dtype,
@@ -202,7 +207,24 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
         seconds=round(seconds, 3), mb_per_s=round(written.bytes / 1e6 / seconds, 1),
         peak_rss_bytes=peak.above_baseline(), dropped=cp.plan.dropped, tokenizer_files=written.tokenizer_files,
         quantization=written.scheme, kv_cache=written.kv_cache, quantized=written.quantized,
-        excluded=written.excluded, calibration_seconds=written.calibration_seconds)
+        excluded=written.excluded, calibration_seconds=written.calibration_seconds,
+        precision=tensor_groups(final.model, final.dtype, final.quantization))
+
+
+def _check_calibration_memory(model: ModelConfig, src: Path, options: QuantOptions) -> None:
+    """Converting streams a tensor at a time, but calibration runs the whole float32 model on a window of
+    --calib-seq-len tokens: weigh that against this machine (formats/memory_plan.py) before the float
+    checkpoint is written, from the config already read (a GGUF's header takes seconds to parse)."""
+    from converters.quantize import calibrate
+    from engine_builder.formats.build_config import MAX_LIMITS, Limits
+    from engine_builder.formats.memory_plan import check_engine_memory
+
+    window = options.calib_seq_len or calibrate.DEFAULT_SEQ_LEN
+    if window > MAX_LIMITS["max_seq_len"]:
+        raise InputError(f"--calib-seq-len {window} is above {MAX_LIMITS['max_seq_len']}; a few hundred tokens "
+                         f"per window calibrate well (default {calibrate.DEFAULT_SEQ_LEN})")
+    check_engine_memory(model, Limits(max_batch=1, max_input_len=window, max_seq_len=window), "float32",
+                        what=f"calibrating {src} on windows of {window} tokens")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+# a progress line for logs (engine_builder/cli/progress_lines.py): stderr carries them when it is not a
+# terminal, as here; a user error is still one line of its own
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\ds\] [a-z]+: ")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """STDERR's lines without the progress lines."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]
 
 
 def trtbuild(*args: str | Path, timeout: float = 600, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -15,7 +25,7 @@ def trtbuild(*args: str | Path, timeout: float = 600, stdin: str | None = None) 
 def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
     """Exit code 2, one `error: ` line naming every needle, no traceback."""
     assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]

@@ -18,6 +18,7 @@ CALIBRATED = tuple(n for n in scheme_names() if get_scheme(n).calibrated)
 GROUP_SIZES = (32, 64, 128)
 GROUPED = tuple(n for n in scheme_names() if get_scheme(n).groups != "never")  # per-group weight scales
 KV_CACHE = ("none", "int8", "fp8")
+LM_HEAD = ("float", "int8", "same")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class QuantOptions:
     calib_samples: int | None = None
     calib_seq_len: int | None = None
     exclude: tuple[str, ...] = ()  # fnmatch patterns over linear prefixes kept in full precision
+    # --lm-head: float, int8 (per output channel) or same (as the body); None: the scheme's default (lm_head_mode)
+    lm_head: str | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -47,6 +50,25 @@ class QuantOptions:
     def quantizing(self) -> bool:
         """Is the checkpoint changed at all: a scheme, or KV-cache scales to add?"""
         return self.scheme != "none" or self.kv_cache != "none"
+
+    @property
+    def lm_head_mode(self) -> str:
+        """How lm_head is stored: "float", "int8" (per output channel) or "same" (as the body).
+
+        Weight-only schemes default to int8: a 4-bit lm_head is the costliest place to lose precision
+        (every logit), and a float one is most of the bytes a small model reads per token (SmolLM2 int4:
+        113 of ~190 MB). Schemes that quantize activations keep theirs ("same")."""
+        if self.lm_head is not None:
+            return self.lm_head
+        if self.scheme == "none":
+            return "same"
+        if any(fnmatch.fnmatchcase("lm_head", p) for p in self.exclude):
+            return "float"
+        scheme = get_scheme(self.scheme)
+        weight_only = scheme.activation == "none" and not scheme.from_source and scheme.weight_bits is not None
+        if not weight_only or (scheme.weight_bits == 8 and self.groups is None):
+            return "same"  # activation schemes keep theirs; int8_wo per channel already is int8 per channel
+        return "int8"
 
     @property
     def groups(self) -> int | None:
@@ -85,6 +107,18 @@ class QuantOptions:
                              f"and {self.calib_seq_len}")
         if self.scheme == "none" and self.exclude:
             raise InputError("--exclude picks linears to keep in full precision; it needs a --quant scheme")
+        if self.lm_head is not None:
+            if self.lm_head not in LM_HEAD:
+                raise InputError(f"--lm-head {self.lm_head!r} is not one of {', '.join(LM_HEAD)}")
+            if self.scheme == "none":
+                raise InputError("--lm-head chooses how a quantized checkpoint stores lm_head; it needs a --quant "
+                                 "scheme (without one lm_head stays float)")
+            if get_scheme(self.scheme).from_source:
+                raise UnsupportedError("--quant gguf keeps the file's own blocks for every linear, lm_head "
+                                       "included; drop --lm-head, or use --quant int4_awq --lm-head ...")
+            if self.lm_head != "float" and any(fnmatch.fnmatchcase("lm_head", p) for p in self.exclude):
+                raise InputError(f"--exclude keeps lm_head float but --lm-head {self.lm_head} quantizes it; "
+                                 "drop one of them (--lm-head float is the same as --exclude lm_head)")
 
 
 def split_excluded(linears: tuple[str, ...], patterns: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -109,13 +143,15 @@ def select_linears(model: ModelConfig, options: QuantOptions) -> tuple[tuple[str
     --quant none quantizes no linear (a KV-cache-only conversion)."""
     if options.scheme == "none":
         return (), ()
-    quantized, excluded = split_excluded(linear_prefixes(model), options.exclude)
+    lm_float = options.lm_head_mode == "float" and not any(fnmatch.fnmatchcase("lm_head", p) for p in options.exclude)
+    quantized, excluded = split_excluded(linear_prefixes(model), options.exclude + (("lm_head",) if lm_float else ()))
     if model.block.mlp.kind == "moe" and options.scheme in CALIBRATED:
         # calibration and folding read one dense MLP per layer; routed experts see only their tokens
         raise UnsupportedError(f"--quant {options.scheme} cannot calibrate an MoE model; use --quant int8_wo or "
                                "int4_wo (weight-only, per expert)")
     if (group := options.groups) is not None:
-        sizes = {p: in_features(model, p) for p in quantized}
+        # an int8 lm_head has one scale per output channel: no group to divide its inputs
+        sizes = {p: in_features(model, p) for p in quantized if not (p == "lm_head" and options.lm_head_mode == "int8")}
         if bad := next((p for p, n in sizes.items() if n % group), None):
             fits = [g for g in GROUP_SIZES if all(n % g == 0 for n in sizes.values())]
             hint = (f"use --group-size {' or '.join(map(str, fits[::-1]))} for this model" if fits else

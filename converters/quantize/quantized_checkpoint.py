@@ -102,6 +102,10 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     tensors = FloatTensors(fp_ckpt_dir / WEIGHTS_FILE)
     quantized, excluded = select_linears(model, options)
     shapes = {p: tensors.shape(_weight_of(p, model.tie_word_embeddings)) for p in quantized}  # [out, in]
+    # --lm-head int8: lm_head is stored int8 per output channel, outside the scheme (no smoothing, clipping or
+    # activation scale: its body's algorithms and limits are for the scheme's bits)
+    lm_int8 = options.lm_head_mode == "int8" and "lm_head" in quantized
+    body = tuple(p for p in quantized if not (lm_int8 and p == "lm_head"))
 
     calibration, calib_seconds, calib = None, 0.0, None
     if options.needs_calibration:  # once, for the scheme and the KV cache alike
@@ -116,9 +120,10 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
         calibration, calib_seconds = calib.info, round(time.perf_counter() - started, 3)
     cache_scales = kv_cache_scales(calib.caches) if calib else {}  # name -> f32 [kv_heads, head_dim]
     scheme = get_scheme(options.scheme) if options.scheme != "none" else None
-    scales = channel_scales(scheme, model, quantized, tensors.read, calib, options.groups) if scheme else {}
+    scales = channel_scales(scheme, model, body, tensors.read, calib, options.groups) if scheme else {}
     folding = Folding(model, scales)
-    activation_scales = input_scales(scheme, quantized, calib, scales) if scheme else {}
+    activation_scales = input_scales(scheme, body, calib, scales) if scheme else {}
+    int8 = get_scheme("int8_wo")
 
     # the source tensor of each output tensor, in file order; a tied lm_head comes from embed.weight, last
     plan: list[tuple[str, str]] = [(name, name) for name in tensors.meta]
@@ -127,7 +132,9 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     layout: Layout = []
     for out_name, src in plan:
         prefix = out_name.removesuffix(".weight")
-        if prefix in quantized:
+        if lm_int8 and prefix == "lm_head":
+            layout += int8.layout(prefix, *shapes[prefix], cfg.dtype, None)
+        elif prefix in quantized:
             layout += scheme.layout(prefix, *shapes[prefix], cfg.dtype, options.groups)
         else:
             layout.append((out_name, cfg.dtype, tensors.shape(src)))
@@ -137,7 +144,13 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     with StreamingSafetensorsWriter(out_dir / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
         for out_name, src in plan:
             prefix = out_name.removesuffix(".weight")
-            if prefix in quantized:
+            if lm_int8 and prefix == "lm_head":
+                w = tensors.read(src)  # [vocab, hidden] f32
+                w = folding.apply(src, w) if folding.touches(src) else w
+                for (name, dtype, _), array in zip(int8.layout(prefix, *w.shape, cfg.dtype, None),
+                                                   int8.quantize(w, None, None)):
+                    writer.append(name, _stored(array, dtype))
+            elif prefix in quantized:
                 w = tensors.read(src)  # [out, in] f32
                 w = folding.apply(src, w) if folding.touches(src) else w
                 w = clipped_weight(scheme, prefix, w, calib, scales, options.groups)
@@ -160,7 +173,7 @@ def quantize_checkpoint(fp_ckpt_dir: Path, out_dir: Path, options: QuantOptions,
     block = Quantization(
         scheme=options.scheme, weight_bits=scheme.weight_bits if scheme else None, group_size=options.groups,
         activation=scheme.activation if scheme else "none", kv_cache=options.kv_cache,
-        quantized=quantized, excluded=excluded, calibration=calibration)
+        quantized=quantized, excluded=excluded, calibration=calibration, lm_head="int8" if lm_int8 else "same")
     config = replace(cfg, quantization=block, num_tensors=len(layout), trtbuild_version=__version__)
     (out_dir / "config.json").write_text(config.to_json())
     nbytes = (out_dir / WEIGHTS_FILE).stat().st_size - 8 - safetensors_header(out_dir / WEIGHTS_FILE)[0]

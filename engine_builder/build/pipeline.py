@@ -16,9 +16,9 @@ from typing import Any
 import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
-from engine_builder.build.encoder_profiles import encoder_profiles, fit_encoder_limits
-from engine_builder.build.moe_check import check_moe_build
-from engine_builder.build.target_check import check_quantized_build, check_target_ops
+from engine_builder.build.encoder_profiles import encoder_profiles
+from engine_builder.build.preflight import preflight
+from engine_builder.build.target_check import check_target_ops
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
@@ -34,11 +34,10 @@ from engine_builder.formats.manifest import (
     Versions,
     file_digests,
 )
-from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.network import NetworkOptions, build_decoder, save_graph
 from engine_builder.network.encoder import build_encoder
 from engine_builder.network.weights import link_weights
-from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
+from engine_builder.util.atomic_dir import atomic_output_dir
 from engine_builder.util.file_hash import sha256_file
 from engine_builder.util.memory import PeakRss
 from engine_builder.util.version import __version__
@@ -53,7 +52,7 @@ Stage = Callable[[str], None]
 class BuildResult:
     out: str
     targets: tuple[str, ...]
-    dtype: str
+    dtype: str  # the TensorRT engine's
     passes: dict[str, list[dict[str, Any]]]
     graph_hashes: dict[str, str]
     engine_bytes: int
@@ -61,6 +60,7 @@ class BuildResult:
     peak_rss_bytes: int
     tensorrt: dict[str, Any] | None
     fidelity: dict[str, Any] | None = None  # figures of the recipe's fidelity gate (engine_builder/eval/gate.py)
+    twin_dtype: str | None = None  # the onnxruntime twin's (build/dtype_choice.py)
 
 
 def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, dict]:
@@ -98,7 +98,7 @@ def check_pass_lists(config: BuildConfig) -> None:
         PassManager(getattr(config.passes, target))
 
 
-def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[], ir.Model],
+def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[str], ir.Model],
                       save: Callable[[ir.Model, Path], None], trt_options: Callable[[ir.Model], Any],
                       explain: bool = False, say: Stage = lambda _: None,
                       trt_progress: Callable | None = None) -> Lowered:
@@ -110,7 +110,7 @@ def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[
     trt_report = None
     for target in targets:
         say(f"graph and passes for {target}")
-        model = make_model()
+        model = make_model(target)
         results = PassManager(getattr(config.passes, target)).run(model, explain=explain)
         reports[target] = [dataclasses.asdict(r) for r in results]
         check_target_ops(model, target)
@@ -134,26 +134,21 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     """Build engine dir OUT from checkpoint dir CKPT. `stage(text)` hears of each step. `gate(dir, stage)`
     checks the finished dir before it is renamed to OUT: it raises to discard it, or returns figures
     recorded in the manifest."""
-    config.validate()
     ckpt, out = Path(ckpt), Path(out)
-    checkpoint = CheckpointConfig.load(ckpt)
+    checked = preflight(ckpt, out, config, force)  # every refusal that needs no graph (build/preflight.py)
+    checkpoint, config, choice = checked.checkpoint, checked.config, checked.dtypes
     encoder = checkpoint.model.encoder is not None  # BERT family: network/encoder.py, one dynamic profile
-    if encoder:
-        config = fit_encoder_limits(config, checkpoint.model)
-    quant = checkpoint.quantization
-    check_engine_memory(checkpoint.model, config.limits, config.dtype, quant.kv_cache, quant.weight_bits,
-                        what=f"an engine of {ckpt} with these limits")
-    check_pass_lists(config)
-    check_quantized_build(checkpoint.quantization, config.targets, config.dtype, config.compute_capabilities)
-    check_moe_build(checkpoint.model, checkpoint.quantization, config.targets)
-    check_output_dir(out, force, (ckpt,), ENGINE_SCHEMA)
-    started, peak = time.perf_counter(), PeakRss()
-    network = NetworkOptions(max_seq_len=config.limits.max_seq_len, dtype=config.dtype)
     emit = build_encoder if encoder else build_decoder
+    twin = config.twin_dtype or config.dtype
+    check_pass_lists(config)
+    started, peak = time.perf_counter(), PeakRss()
+    networks = {target: NetworkOptions(max_seq_len=config.limits.max_seq_len,
+                                       dtype=twin if target == "onnxruntime" else config.dtype)
+                for target in ("onnxruntime", "tensorrt")}
     with atomic_output_dir(out, force, (ckpt,), ENGINE_SCHEMA) as tmp:
         link_weights(ckpt, tmp, own_copy=True)  # the engine's own inode: later edits of CKPT cannot reach it
         lowered = lower_for_targets(
-            tmp, config, make_model=lambda: emit(ckpt, network),
+            tmp, config, make_model=lambda target: emit(ckpt, networks[target]),
             # weights stay external (rank0.safetensors at their offsets); pass-made ones go to <model>.data
             save=save_graph,
             trt_options=lambda model: _trt_options(config, list(model.graph.inputs), encoder),
@@ -165,7 +160,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),
                                checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization,
-                                                            checkpoint.source))
+                                                            checkpoint.source),
+                               dtype_choice=choice.reason)
         manifest.save(tmp)
         if gate is not None:  # runs on the complete engine dir (manifest included), before OUT exists
             result = dataclasses.replace(result, fidelity=gate(tmp, stage or (lambda _: None)))
@@ -178,7 +174,8 @@ def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: floa
     return BuildResult(
         out=str(out), targets=lowered.targets, dtype=config.dtype, passes=lowered.passes,
         graph_hashes=lowered.graph_hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
-        seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt)
+        seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt,
+        twin_dtype=config.twin_dtype or config.dtype)
 
 
 def _trt_options(config: BuildConfig, inputs: list[ir.Value], encoder: bool = False) -> Any:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import onnx_ir as ir
+from typing import TYPE_CHECKING
 
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import UnsupportedError
@@ -15,8 +14,13 @@ ORT_ONLY = {"GroupQueryAttention": "lower_ort_attention", "SkipSimplifiedLayerNo
             "RotaryEmbedding": "lower_ort_attention"}
 TRT_ONLY_PREFIX = "TRT_"
 
+if TYPE_CHECKING:  # onnx_ir takes a second to import: the quantization checks run before it is needed
+    import onnx_ir as ir
+
 
 def check_target_ops(model: ir.Model, target: str) -> None:
+    import onnx_ir as ir
+
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
         if target == "tensorrt" and node.domain == "com.microsoft":

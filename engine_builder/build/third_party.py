@@ -7,6 +7,7 @@ TensorRT deployment; `trtbuild run` needs a graph emitted from a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ def _profile(model: ir.Model, config: BuildConfig) -> dict[str, tuple]:
 def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bool = False,
                       explain: bool = False) -> BuildResult:
     config.validate()
+    if config.dtype == "auto":  # the exporter's graph keeps its own dtypes; record the engine default
+        config = dataclasses.replace(config, dtype="float16")
     out = Path(out)
     check_pass_lists(config)
     load_onnx(onnx_path)  # a malformed file fails before anything is created
@@ -69,7 +72,7 @@ def build_third_party(onnx_path: Path, out: Path, config: BuildConfig, force: bo
 
     with atomic_output_dir(out, force, (onnx_path,), ENGINE_SCHEMA) as tmp:
         lowered = lower_for_targets(
-            tmp, config, make_model=lambda: load_onnx(onnx_path),
+            tmp, config, make_model=lambda _target: load_onnx(onnx_path),
             # the weights go beside the graph: the passes may have made new ones (fused q/k/v)
             save=lambda model, path: ir.save(model, path, external_data=path.name + ".data"),
             trt_options=trt_options, explain=explain)

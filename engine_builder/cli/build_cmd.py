@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engine_builder.cli.console import print_json, stderr, stdout
+from engine_builder.cli.console import print_json, progress_mode, stderr, stdout, verbose
 from engine_builder.util.atomic_dir import check_apart
 from engine_builder.util.errors import InputError
 
@@ -91,22 +91,30 @@ def build(
     else:
         if ckpt is None or out is None:
             raise InputError("missing arguments: trtbuild build CKPT OUT (see --help)")
+        from engine_builder.build.preflight import preflight
+
+        preflight(ckpt, out, config, force)  # refusals in a second, before the graph code is even imported
         from engine_builder.build.pipeline import build as build_engine_dir
 
-        with sigterm_as_interrupt(), build_progress(enabled=not as_json) as (stage, trt_progress):
+        with sigterm_as_interrupt(), build_progress(progress_mode()) as (stage, trt_progress):
             result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
                                       trt_progress=trt_progress, gate=gate)
     if as_json:
-        print_json(result)
+        import dataclasses
+
+        from engine_builder.cli.json_summary import build_summary
+
+        print_json(build_summary(dataclasses.asdict(result), explain_passes), one_line_values=True)
         return
-    if explain_passes:
+    if explain_passes or verbose():
         for target_name, results in result.passes.items():
             table = Table("pass", "matches", "why not", title=f"passes for {target_name}")
             for r in results:
                 table.add_row(r["name"], str(r["matches"]), r["why_not"] or "")
             stdout.print(table)
     engine = f", engine {result.engine_bytes / 1e6:.1f} MB" if result.engine_bytes else ""
-    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{engine}, "
+    twin = f" (twin {result.twin_dtype})" if result.twin_dtype and result.twin_dtype != result.dtype else ""
+    stdout.print(f"wrote {result.out}: targets {', '.join(result.targets)}, {result.dtype}{twin}{engine}, "
                  f"{result.seconds:.1f}s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB")
     if result.fidelity:
         shown = {k: result.fidelity.get(k) for k in ("ppl", "ppl_ratio", "kl", "top1_agreement")}
@@ -141,8 +149,27 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def build_progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Callable[[Any], None]]]:
-    """A line per build stage, and bars for TensorRT's own phases (from its progress monitor)."""
+def build_progress(mode: str) -> Iterator[tuple[Callable[[str], None], Callable[[Any], None]]]:
+    """A line per build stage, and bars for TensorRT's own phases (from its progress monitor); MODE "lines"
+    (not a terminal: CI) writes plain timestamped lines instead, "off" (-q) nothing."""
+    if mode == "lines":
+        from engine_builder.cli.progress_lines import LineProgress
+
+        lines = LineProgress("build")
+        top: dict[str, int] = {}  # top-level TensorRT phase -> its step count
+
+        def on_trt_line(event: Any) -> None:
+            # nested phases come and go by the hundred: the top-level phases' steps say enough
+            if event.kind == "start" and not event.parent:
+                top[event.phase] = event.total
+                lines.stage(f"TensorRT: {event.phase}")
+            elif event.kind == "step" and event.phase in top:
+                total = top[event.phase]
+                lines.step(f"TensorRT: {event.phase}", event.step, total if total > 0 else None, " steps")
+
+        yield lines.stage, on_trt_line
+        return
+    enabled = mode == "bars"
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                         TimeElapsedColumn(), console=stderr, disable=not enabled, transient=True)
     stage_task = progress.add_task("building", total=None)

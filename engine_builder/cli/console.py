@@ -13,10 +13,30 @@ import typer
 from rich.console import Console
 
 from engine_builder.util.errors import TrtbuildError
+from engine_builder.util.version import __version__
 
-stderr = Console(stderr=True)
-stdout = Console()
-state = {"debug": False}
+# not a terminal (a CI log, a pipe): no wrapping at rich's default 80 columns; a log line stays one line
+stderr = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+state: dict[str, Any] = {"debug": False, "verbosity": 0}  # verbosity: -1 with -q, 1 with -v
+
+
+def quiet() -> bool:
+    return state["verbosity"] < 0
+
+
+def verbose() -> bool:
+    return state["verbosity"] > 0
+
+
+def progress_mode() -> str:
+    """"off" (-q), "bars" (rich, redrawn in place on a terminal) or "lines" (plain lines for CI logs,
+    cli/progress_lines.py). Progress goes to stderr, so --json output on stdout stays parseable."""
+    if quiet():
+        return "off"
+    from engine_builder.cli.progress_lines import is_terminal
+
+    return "bars" if is_terminal(sys.stderr) else "lines"
 
 
 def one_line(exc: BaseException) -> str:
@@ -51,7 +71,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: Any, one_line_values: bool = False) -> None:
+    """OBJ as indented JSON on stdout, with the trtbuild version that made it (a bug report's first question).
+
+    one_line_values: each top-level key on one line, its value (however nested) compact beside it, so a
+    summary stays a screenful however many passes, files or limits it lists."""
     if dataclasses.is_dataclass(obj):
         obj = dataclasses.asdict(obj)
+    if isinstance(obj, dict):
+        obj = {"trtbuild_version": __version__, **obj}
+    if one_line_values and isinstance(obj, dict):
+        items = [f"  {json.dumps(k)}: {json.dumps(v, default=str, ensure_ascii=False)}" for k, v in obj.items()]
+        sys.stdout.write("{\n" + ",\n".join(items) + "\n}\n")
+        return
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

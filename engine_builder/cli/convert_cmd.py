@@ -10,13 +10,30 @@ import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from engine_builder.cli.console import print_json, stderr, stdout
-from engine_builder.util.errors import InputError
+from engine_builder.cli.console import print_json, progress_mode, stderr, stdout
 
 
-def convert_progress(enabled: bool) -> tuple[Progress, Callable[[str, int, int], None]]:
+def convert_progress(mode: str) -> tuple[Any, Callable[[str, int, int], None]]:
     """A bar per convert stage and the `progress(stage, n, total)` callback that drives them: bytes for
-    converting and quantizing, windows of text for calibrating."""
+    converting and quantizing, windows of text for calibrating. MODE "lines" (not a terminal: CI) writes
+    plain timestamped lines instead (cli/progress_lines.py), "off" (-q) nothing."""
+    if mode == "lines":
+        import contextlib
+
+        from engine_builder.cli.progress_lines import LineProgress
+
+        lines = LineProgress("convert")
+        done: dict[str, int] = {}
+
+        def line(stage: str, n: int, total: int) -> None:
+            done[stage] = n if stage == "calibrating" else done.get(stage, 0) + n
+            if stage == "calibrating":
+                lines.step(stage, done[stage], total, " windows")
+            else:
+                lines.step(stage, done[stage] / 1e6, total / 1e6, " MB")
+
+        return contextlib.nullcontext(), line
+    enabled = mode == "bars"
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                         TextColumn("{task.fields[amount]}"), TimeRemainingColumn(), console=stderr,
                         disable=not enabled, transient=True)
@@ -74,6 +91,11 @@ def convert(
     exclude: Annotated[list[str] | None, typer.Option(
         metavar="PATTERN", help="Keep the linears matching PATTERN in full precision (repeatable; fnmatch over "
                                 "names like lm_head, layers.0.*, *.mlp.down).")] = None,
+    lm_head: Annotated[str | None, typer.Option(
+        "--lm-head", metavar="float|int8|same",
+        help="How a quantized checkpoint stores lm_head: int8 (per output channel; the default for the "
+             "weight-only schemes int8_wo, int4_wo and int4_awq: most of the fidelity of float at a quarter of "
+             "its bytes), float (as --exclude lm_head), or same (as the body, e.g. int4).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the tensor name mapping; write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
@@ -88,7 +110,7 @@ def convert(
 
     \b
       trtbuild convert ./SmolLM2-135M-Instruct ckpt --dtype float16
-      trtbuild convert model.gguf ckpt-int8 --quant int8_wo --exclude lm_head
+      trtbuild convert model.gguf ckpt-int8 --quant int8_wo --lm-head float
       trtbuild convert model.gguf ckpt-int4 --quant int4_awq --group-size 64 --calib my-text.jsonl
       trtbuild convert model.Q4_1.gguf ckpt-q4 --quant gguf
     """
@@ -110,12 +132,12 @@ def convert(
             table.add_row(name, "(dropped on purpose)", "")
         stdout.print(table)
         return
-    _check_calibration_memory(src, dtype, quant, kv_cache, calib_seq_len)
-    progress, on_progress = convert_progress(enabled=not as_json)
+    progress, on_progress = convert_progress(progress_mode())
     with progress:
         result = convert_checkpoint(src, out, dtype=dtype, force=force, quant=quant, group_size=group_size,
                                     kv_cache=kv_cache, calib=calib, calib_samples=calib_samples,
-                                    calib_seq_len=calib_seq_len, exclude=exclude or (), progress=on_progress)
+                                    calib_seq_len=calib_seq_len, exclude=exclude or (), progress=on_progress,
+                                    lm_head=lm_head)
     if as_json:
         print_json(result)
         return
@@ -125,25 +147,6 @@ def convert(
     stdout.print(f"wrote {result.out}: {result.model_type}, {result.tensors} tensors, "
                  f"{result.bytes / 1e6:.1f} MB {result.dtype}{quantized} in {result.seconds:.1f}s "
                  f"({result.mb_per_s:.0f} MB/s, peak RSS +{result.peak_rss_bytes / 1e6:.0f} MB)")
-
-
-def _check_calibration_memory(src: Path, dtype: str, quant: str, kv_cache: str, seq_len: int | None) -> None:
-    """Converting streams a tensor at a time, but calibration runs the whole float32 model on a window of
-    SEQ_LEN tokens: weigh that against this machine first (formats/memory_plan.py), not after the float
-    checkpoint is written."""
-    from converters.quantize.quant_options import QuantOptions
-
-    if not QuantOptions(quant, kv_cache=kv_cache).needs_calibration or (seq_len is not None and seq_len <= 0):
-        return  # nothing calibrates, or convert() says what is wrong with the options
-    from converters.convert import plan
-    from converters.quantize import calibrate
-    from engine_builder.formats.build_config import MAX_LIMITS, Limits
-    from engine_builder.formats.memory_plan import check_engine_memory
-
-    window = seq_len or calibrate.DEFAULT_SEQ_LEN
-    if window > MAX_LIMITS["max_seq_len"]:
-        raise InputError(f"--calib-seq-len {window} is above {MAX_LIMITS['max_seq_len']}; a few hundred tokens "
-                         f"per window calibrate well (default {calibrate.DEFAULT_SEQ_LEN})")
-    model = plan(src, "float32" if dtype == "auto" else dtype).model
-    check_engine_memory(model, Limits(max_batch=1, max_input_len=window, max_seq_len=window), "float32",
-                        what=f"calibrating {src} on windows of {window} tokens")
+    if result.precision:
+        stdout.print("precision: " + "; ".join(f"{group} {text}" for group, text in result.precision.items()),
+                     markup=False, highlight=False)

@@ -59,14 +59,16 @@ def eval_command(
 
     Example: trtbuild eval engine-int8 --reference ckpt-fp32 --json
     """
-    from engine_builder.cli.console import stdout
+    from engine_builder.cli.console import progress_mode, stdout
     from engine_builder.eval import evaluate
 
-    with eval_progress(enabled=not as_json) as progress:
+    with eval_progress(progress_mode()) as progress:
         result = evaluate(engine_dir, reference=reference, text=text, max_tokens=max_tokens, context=context,
                           backend=backend, progress=progress)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json()) + "\n")
+        from engine_builder.util.version import __version__
+
+        sys.stdout.write(json.dumps({"trtbuild_version": __version__, **result.to_json()}) + "\n")
         return
     from rich.table import Table
 
@@ -83,10 +85,17 @@ def eval_command(
 
 
 @contextlib.contextmanager
-def eval_progress(enabled: bool) -> Iterator[ReportProgress]:
-    """A bar on stderr over the positions to score, labelled with the current stage."""
+def eval_progress(mode: str) -> Iterator[ReportProgress]:
+    """A bar on stderr over the positions to score, labelled with the current stage; plain lines with MODE
+    "lines" (not a terminal: CI), nothing with "off" (-q)."""
     from engine_builder.cli.console import stderr
 
+    if mode == "lines":
+        from engine_builder.cli.progress_lines import LineProgress
+
+        yield LineProgress("eval").step
+        return
+    enabled = mode == "bars"
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, disable=not enabled, transient=True)
     task = bar.add_task("eval", total=None)

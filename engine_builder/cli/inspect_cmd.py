@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stdout
+from engine_builder.formats.manifest import EngineManifest
 from engine_builder.formats.moe_layout import describe_moe
 
 
@@ -27,14 +28,21 @@ def inspect(
     integrity = {"recorded": {d.name: d.sha256 for d in m.files}, "size_changed": changed,
                  "check": f"trtbuild verify {engine_dir}"}
     if as_json:
+        from engine_builder.cli.json_summary import pass_counts, tensorrt_summary
+
         data = m.to_dict()
-        print_json({"path": summary.path, "model": data["model"], "dtype": m.build.dtype,
+        model = {k: data["model"][k] for k in ("architecture", "num_layers", "hidden_size", "num_heads",
+                                               "num_kv_heads", "vocab_size")} if data["model"] else None
+        print_json({"path": summary.path, "model": model, "dtype": m.build.dtype,
+                    "twin_dtype": m.twin_dtype, "dtype_choice": m.dtype_choice, "precision": _precision(m),
                     "limits": data["build"]["limits"], "targets": m.targets, "versions": data["versions"],
-                    "passes": m.passes, "tensorrt": m.tensorrt, "files": summary.files,
+                    "passes": pass_counts(m.passes), "tensorrt": tensorrt_summary(m.tensorrt),
+                    "files": summary.files,
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
                     "integrity": integrity,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
-                                "onnxruntime": {"ok": summary.onnxruntime_ok}}})
+                                "onnxruntime": {"ok": summary.onnxruntime_ok}},
+                    "details": str(Path(engine_dir) / "config.json")}, one_line_values=True)
         return
     table = Table(show_header=False, title=f"engine dir {summary.path}")
     if (model := m.model) is not None:
@@ -49,11 +57,15 @@ def inspect(
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""
-    table.add_row("precision", f"{m.build.dtype}{checkpoint}")
+    table.add_row("precision", f"engine {m.build.dtype}, onnxruntime twin {m.twin_dtype}{checkpoint}")
+    if m.dtype_choice:
+        table.add_row("why", m.dtype_choice)
     table.add_row("limits", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(m.build.limits).items()))
     table.add_row("targets", ", ".join(m.targets))
     if (q := quantization_of(m)) is not None:
         table.add_row("quantization", describe_quantization(q))
+    if (groups := _precision(m)) is not None:
+        table.add_row("tensor groups", "; ".join(f"{k} {v}" for k, v in groups.items()))
     trt = m.tensorrt
     if trt:
         table.add_row("tensorrt", f"{trt['flavour']} {trt['trt_version']}, targets {','.join(trt['targets'])}, "
@@ -68,3 +80,12 @@ def inspect(
     table.add_row("tensorrt here", summary.tensorrt_verdict)
     table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
     stdout.print(table)
+
+
+def _precision(m: EngineManifest) -> dict[str, str] | None:
+    """Embeddings / body / lm_head precision as the checkpoint stored them (None for `build --onnx` dirs)."""
+    if m.model is None or m.checkpoint is None:
+        return None
+    from engine_builder.formats.precision import tensor_groups
+
+    return tensor_groups(m.model, m.checkpoint.dtype, m.checkpoint.quantization)

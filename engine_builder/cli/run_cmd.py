@@ -92,7 +92,10 @@ def run(
                 sys.stdout.flush()
     out, timings = stream.output, stream.timings
     if as_json:
-        result: dict[str, Any] = {**out.to_json(), "backend": llm.backend_name, "backend_reason": llm.backend_reason,
+        from engine_builder.util.version import __version__
+
+        result: dict[str, Any] = {"trtbuild_version": __version__, **out.to_json(),
+                                  "backend": llm.backend_name, "backend_reason": llm.backend_reason,
                                   "timings": timings.to_json()}
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
         return

@@ -18,6 +18,8 @@ from engine_builder.util.errors import ConfigError
 
 TARGETS = ("tensorrt", "onnxruntime")
 DTYPES = ("float16", "bfloat16", "float32")
+# "auto": the TensorRT engine in float16 (bfloat16 for a bfloat16 checkpoint) and the onnxruntime twin in
+# the fastest faithful dtype of the CPU it is built on (build/dtype_choice.py); the manifest records both
 
 # The default pipelines, in order.
 FUSIONS = ("fold_constants", "remove_redundant_ops", "fuse_qkv", "fuse_gate_up", "fuse_rms_norm", "fuse_rotary",
@@ -74,7 +76,8 @@ class PassLists:
 @dataclass(frozen=True)
 class BuildConfig:
     targets: tuple[str, ...] = TARGETS
-    dtype: str = "float16"
+    dtype: str = "auto"  # the TensorRT engine's (and, unless twin_dtype says otherwise, the twin's)
+    twin_dtype: str | None = None  # the onnxruntime twin's; None: the same as dtype
     limits: Limits = field(default_factory=Limits)
     compute_capabilities: tuple[str, ...] = ("sm80", "sm86", "sm89", "sm120")
     opt_level: int = 3
@@ -89,8 +92,10 @@ class BuildConfig:
         self.limits.validate()
         if not self.targets or any(t not in TARGETS for t in self.targets):
             raise ConfigError(f"targets {list(self.targets)} must be drawn from {', '.join(TARGETS)} (or 'all')")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ConfigError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        if self.twin_dtype is not None and self.twin_dtype not in DTYPES:
+            raise ConfigError(f"twin_dtype {self.twin_dtype!r} is not one of {', '.join(DTYPES)}")
         if self.trt_flavour not in ("auto", "tensorrt", "tensorrt_rtx"):
             raise ConfigError(f"trt_flavour {self.trt_flavour!r} is not one of auto, tensorrt, tensorrt_rtx")
         if not 0 <= self.opt_level <= 5:

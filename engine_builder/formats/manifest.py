@@ -126,8 +126,14 @@ class EngineManifest:
     tensorrt: dict[str, Any] | None = None  # the TensorRT build report: flavour, version, targets, profiles...
     quantization: OrtQuantization | None = None
     fidelity: dict[str, Any] | None = None  # figures of a recipe's fidelity gate
+    dtype_choice: str | None = None  # why build.dtype / build.twin_dtype are what they are (build/dtype_choice.py)
     schema: str = ENGINE_SCHEMA
     schema_version: int = ENGINE_SCHEMA_VERSION
+
+    @property
+    def twin_dtype(self) -> str:
+        """The onnxruntime twin's compute and KV-cache dtype (older manifests: the engine's)."""
+        return self.build.twin_dtype or self.build.dtype
 
     @property
     def checkpoint_quantization(self) -> Quantization:

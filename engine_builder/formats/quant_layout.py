@@ -47,6 +47,7 @@ def weight_kind(q: Quantization) -> str:
 
 def quantized_layout(q: Quantization, prefix: str, out: int, inp: int) -> dict[str, StoredLayout]:
     """Tensor name -> layout of linear PREFIX with a float weight of shape [out, in] (FORMAT.md's table)."""
+    q = q.for_linear(prefix)
     kind = weight_kind(q)
     layout: dict[str, StoredLayout] = {}
     if kind == "fp8":

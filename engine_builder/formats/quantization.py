@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,3 +37,14 @@ class Quantization:
     quantized: tuple[str, ...] = ()  # canonical linear prefixes stored quantized, e.g. "layers.0.attn.qkv"
     excluded: tuple[str, ...] = ()  # linear prefixes kept in full precision (--exclude; gguf: other block types)
     calibration: CalibrationInfo | None = None
+    # how a quantized lm_head is stored: "same" as the body, or "int8" per output channel whatever the body
+    # (convert --lm-head; the default for weight-only schemes, as llama.cpp keeps its output tensor at 6-8
+    # bits under a 4-bit body). A float lm_head is simply not in `quantized`.
+    lm_head: Literal["same", "int8"] = "same"
+
+    def for_linear(self, prefix: str) -> Quantization:
+        """The block as linear PREFIX is stored: an int8 lm_head reads as int8_wo per output channel."""
+        if prefix == "lm_head" and self.lm_head == "int8" and prefix in self.quantized:
+            return dataclasses.replace(self, scheme="int8_wo", weight_bits=8, group_size=None, zero_point=False,
+                                       activation="none")
+        return self

@@ -28,7 +28,7 @@ ACTIVATION_TYPES = {"int8": ir.DataType.INT8, "fp8": ir.DataType.FLOAT8E4M3FN}
 
 def linear(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, prefix: str, bias: ir.Value | None = None) -> ir.Value:
     """x [..., in] -> [..., out] through linear PREFIX ("layers.0.attn.qkv", "lm_head")."""
-    q = w.quantization
+    q = w.quantization.for_linear(prefix)  # an int8 lm_head under an int4 body reads as int8_wo
     if prefix not in q.quantized:
         return b.linear(x, w[prefix + ".weight"], bias)
     kind = weight_kind(q)

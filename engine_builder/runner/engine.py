@@ -64,6 +64,18 @@ class EngineDir:
         return self.manifest.build.dtype
 
     @property
+    def twin_dtype(self) -> str:
+        """The onnxruntime twin's activation and KV-cache dtype (float32 by default on CPUs without fast
+        float16, while the TensorRT engine keeps float16: build/dtype_choice.py)."""
+        return self.manifest.twin_dtype
+
+    @property
+    def twin_kv_layout(self) -> KVCacheLayout:
+        """The cache model.onnx takes."""
+        kv_cache = self.manifest.checkpoint_quantization.kv_cache
+        return KVCacheLayout.of(self.model, self.limits.max_seq_len, self.twin_dtype, kv_cache)
+
+    @property
     def targets(self) -> tuple[str, ...]:
         return self.manifest.targets
 
@@ -114,11 +126,26 @@ class EngineDir:
         return load_tokenizer(self.path)
 
 
+# tokenizer_config.json classes that are the generic tokenizers-backed class itself: loaded through it,
+# AutoTokenizer's import of transformers' model registry (and of torch: ~2 s of `trtbuild run`'s cold
+# start, issue 16) is skipped, for the same object AutoTokenizer would build
+_GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: Path) -> Any:
     """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load."""
-    from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
-
     try:
+        generic = (Path(path) / "tokenizer.json").is_file() and json.loads(
+            (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in _GENERIC_FAST
+    except (OSError, ValueError, AttributeError):
+        generic = False
+    try:
+        if generic:
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+            return TokenizersBackend.from_pretrained(str(path))
+        from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
+
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot load the tokenizer in {path}: {exc}".replace("\n", " ")) from None

@@ -56,6 +56,8 @@ class Generator:
                  sampler: Sampler | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.backend = backend
         self.prefix_cache = prefix_cache  # reuse earlier prompts' full KV blocks (prefix_cache.py)
+        # also keep what a request generated (chat: the next turn's prompt starts with this answer)
+        self.cache_outputs = False
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
         self.sampler = sampler or Sampler()
@@ -250,6 +252,8 @@ class Generator:
         out = r.stop.step(token)
         if out.finished:
             r.finish_reason, r.stop_reason, r.text = out.finish_reason, out.stop_reason, r.stop.text
+            if self.cache_outputs and self.prefix_cache is not None:  # the slot holds prompt + output but the last
+                self.prefix_cache.store([*r.prompt_ids, *r.token_ids], r.slot)
             self.release(r)
         else:
             self._next_ids[r.slot, 0] = token

@@ -226,8 +226,9 @@ class LLM:
         if params is None:
             return [self.default_params()] * n
         if isinstance(params, SamplingParams):
-            return [params] * n
-        params = list(params)
+            params = [params] * n
+        params = [p.with_engine_defaults(self.engine.generation_config) if isinstance(p, SamplingParams) else p
+                  for p in params]
         if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
             raise InputError(f"give one SamplingParams for all prompts or one per prompt ({n}), got {len(params)}")
         return params

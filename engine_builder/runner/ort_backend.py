@@ -125,14 +125,15 @@ class OrtBackend(Backend):
         self.engine = engine
         try:
             self.session = ort.InferenceSession(str(engine.onnx_path),
-                                                session_options(engine.dtype, threads, optimization_level),
+                                                session_options(engine.twin_dtype, threads, optimization_level),
                                                 providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
-            fix = ("rebuild the engine dir with this trtbuild" if engine.dtype == "float32" else
-                   f"its CPU kernels do not cover every {engine.dtype} op: rebuild with --dtype float32 to run on CPU")
+            dtype = engine.twin_dtype
+            fix = ("rebuild the engine dir with this trtbuild" if dtype == "float32" else
+                   f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 to run on CPU")
             raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
                                    f"{str(exc).splitlines()[0]}; {fix}") from None
-        layout = engine.kv_layout
+        layout = engine.twin_kv_layout
         _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)
         num_layers, max_seq = layout.num_layers, layout.max_seq
         self.kv_dtype = layout.dtype

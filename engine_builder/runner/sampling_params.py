@@ -32,9 +32,11 @@ class SamplingParams:
     # default. HF's default (max_length=20) counts the prompt too, which surprises people.
     # A checkpoint's generation_config.json max_new_tokens overrides it when merged.
     max_new_tokens: int = 16
-    # 1.0 like vLLM and OpenAI; 0 = greedy (argmax after penalties). Merging a checkpoint's
-    # generation_config.json applies HF's rule instead (greedy unless do_sample).
-    temperature: float = 1.0
+    # 0 = greedy (argmax after penalties). None (the default) = the engine's own: LLM resolves it from
+    # generation_config.json with HF's rule (greedy unless do_sample), greedy when there is none, so
+    # `LLM(dir).generate(prompt, SamplingParams())` gives the same text every run unless the model
+    # asks to sample (issue 16; a bare SamplingParams() counts as greedy).
+    temperature: float | None = None
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     min_p: float = 0.0  # 0 = off
@@ -73,7 +75,8 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise InputError naming the first out-of-range field and its valid range."""
         _check_int(self.max_new_tokens, "max_new_tokens", lambda v: v >= 1, ">= 1")
-        _check_num(self.temperature, "temperature", lambda v: v >= 0, ">= 0 (0 = greedy)")
+        if self.temperature is not None:
+            _check_num(self.temperature, "temperature", lambda v: v >= 0, ">= 0 (0 = greedy)")
         _check_int(self.top_k, "top_k", lambda v: v >= 0, ">= 0 (0 = off)")
         _check_num(self.top_p, "top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 = off)")
         _check_num(self.min_p, "min_p", lambda v: 0 <= v <= 1, "in [0, 1] (0 = off)")
@@ -97,7 +100,22 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_TEMPERATURE
+        return self.temperature is None or self.temperature < GREEDY_TEMPERATURE
+
+    def with_engine_defaults(self, generation_config: Mapping[str, Any] | None) -> SamplingParams:
+        """These params with temperature None resolved from GENERATION_CONFIG (HF's rule: sample only with
+        do_sample, then at its temperature, top_k (else HF's 50), top_p and min_p where these are still
+        off here); greedy without one. A temperature given explicitly is kept with everything else."""
+        if self.temperature is not None:
+            return self
+        gc = {k: v for k, v in (generation_config or {}).items() if v is not None}
+        if not gc.get("do_sample"):
+            return dataclasses.replace(self, temperature=0.0)
+        return dataclasses.replace(
+            self, temperature=float(gc.get("temperature", 1.0)),
+            top_k=self.top_k or int(gc.get("top_k", HF_DEFAULT_TOP_K)),
+            top_p=float(gc["top_p"]) if self.top_p == 1.0 and "top_p" in gc else self.top_p,
+            min_p=float(gc["min_p"]) if self.min_p == 0.0 and "min_p" in gc else self.min_p)
 
     @classmethod
     def from_generation_config(cls, generation_config: Mapping[str, Any] | None, **user: Any) -> SamplingParams:

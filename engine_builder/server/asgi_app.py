@@ -9,12 +9,14 @@ GET /v1/models (OpenAI); GET /health, /metrics (Prometheus text); GET /docs (Ope
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from engine_builder.executor import Executor
 from engine_builder.server import embeddings_api, openai_api, tgi, tokenize_api
+from engine_builder.server.access_log import AccessLogMiddleware, LogFormat
 from engine_builder.server.auth import ApiKeyMiddleware
 from engine_builder.server.body_limit import BodyLimitMiddleware
 from engine_builder.server.config import ServerConfig
@@ -24,7 +26,8 @@ from engine_builder.server.metrics import CONTENT_TYPE
 from engine_builder.util.version import __version__
 
 
-def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
+def create_app(executor: Executor, config: ServerConfig, access_log: Callable[[str], None] | None = None,
+               log_format: LogFormat = "text") -> FastAPI:
     app = FastAPI(title="trtbuild serve", version=__version__, redoc_url=None,
                   description=f"{config.model_name}: TGI (/generate, /generate_stream) and OpenAI-compatible "
                               "(/v1/completions, /v1/chat/completions) text generation.")
@@ -40,6 +43,8 @@ def create_app(executor: Executor, config: ServerConfig) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=count_rejected)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=count_rejected)
+    if access_log is not None:  # outermost: refusals are logged too, streams timed to their last byte
+        app.add_middleware(AccessLogMiddleware, write=access_log, fmt=log_format)
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.include_router(embeddings_api.router)  # answers 400 here: a generation engine has no embeddings

@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from engine_builder.executor import Executor, RequestHandle, TokenEvent
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.server.access_log import track
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.http_errors import (
     CLIENT_CLOSED,
@@ -181,6 +182,7 @@ def admit(state: ServerState, prompt_ids: Sequence[int], params: SamplingParams,
     state.active += 1
     active = ActiveRequest(state, handle)
     state.requests.add(active)
+    track(active)  # its tokens in this HTTP request's access-log line (access_log.py)
     return active
 
 

@@ -56,15 +56,20 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
-          on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None) -> None:
+          on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
+          log_format: str | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
-    connections; log(line) gets the start-up summary (backend, limits)."""
+    connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
+    "json", an access-log line per request (server/access_log.py)."""
     from engine_builder.executor import Executor, SchedulerConfig
     from engine_builder.runner.backend_choice import BACKENDS
     from engine_builder.runner.engine import EngineDir
+    from engine_builder.server.access_log import LOG_FORMATS
 
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if log_format is not None and log_format not in LOG_FORMATS:
+        raise InputError(f"--log-format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     if shutdown_timeout < 0:
         raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
     engine = EngineDir.load(engine_dir)
@@ -102,7 +107,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                     f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
                     f"requests {config.max_concurrent_requests}, max request bytes {config.max_request_bytes}, "
                     f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}")
-            app = create_app(executor, config)
+            app = create_app(executor, config, access_log=log if log_format else None,
+                             log_format=log_format or "text")  # type: ignore[arg-type]
             with _signals_ignored_after_uvicorn():
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         finally:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 hypothesis = pytest.importorskip("hypothesis")
+from cli_process import error_lines  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
@@ -42,7 +43,7 @@ def assert_exit_0_or_one_line(args: list[str]) -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
     assert result.exit_code in (0, 2), (args, result.output)
     if result.exit_code == 2:
-        lines = result.stderr.strip().splitlines()
+        lines = error_lines(result.stderr)
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, (
             args, result.stderr)
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from cli_process import assert_user_error, trtbuild
 
+from engine_builder.build.dtype_choice import cpu_has_fast_fp16
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 
@@ -45,6 +46,11 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
     assert m["versions"]["trtbuild"] and m["versions"]["onnxruntime"]
     assert m["versions"]["tensorrt"]["flavour"] == "tensorrt_rtx" and m["versions"]["tensorrt"]["trt_version"]
     assert m["build"]["dtype"] == "float16" and m["build"]["limits"] == vars(SMALL)
+    # --dtype auto: the twin runs on this CPU, in float32 unless it has native float16 (build/dtype_choice.py)
+    twin = "float16" if cpu_has_fast_fp16() else "float32"
+    assert m["build"]["twin_dtype"] == twin and f"twin {twin}" in m["dtype_choice"]
+    assert _graph_input_type(out / "model.onnx", "past_key.0") == twin
+    assert _graph_input_type(out / "model.trt.onnx", "past_key.0") == "float16"
     assert m["build"]["compute_capabilities"] == list(TWO_TARGETS)
     assert [len(p["input_ids"]) for p in m["tensorrt"]["profiles"]] == [3, 3]  # min/opt/max per profile
     assert m["tensorrt"]["profiles"][0]["input_ids"] == [[1, 1], [1, 1], [2, 1]]  # decode: seq 1
@@ -63,6 +69,14 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
     assert recorded["model.onnx"]["sha256"] == m["graph_hashes"]["onnxruntime"]
 
 
+def _graph_input_type(path: Path, name: str) -> str:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    value = next(i for i in graph.input if i.name == name)
+    return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+
+
 def test_inspect_verdict_here_is_no_gpu(checkpoint_dir, tmp_path):
     out = tmp_path / "engine"
     proc = trtbuild("build", checkpoint_dir("llama"), out, "--cc", "sm86,sm89", "--max-batch", "2",
@@ -77,6 +91,7 @@ def test_inspect_verdict_here_is_no_gpu(checkpoint_dir, tmp_path):
     assert verdict["onnxruntime"]["ok"] is True
     text = trtbuild("inspect", out)
     assert text.returncode == 0 and "ROTARY_EMBEDDING" in text.stdout and "no NVIDIA GPU" in text.stdout
+    assert "engine float16, onnxruntime twin" in text.stdout and "--dtype auto" in text.stdout
 
 
 def test_explain_passes_names_why_a_pass_found_nothing(checkpoint_dir, tmp_path):

@@ -36,7 +36,8 @@ def quantized_ckpt(checkpoint_dir, tmp: Path, arch: str, scheme: str, group: int
 def test_quantized_fp16_engine(checkpoint_dir, tmp_path, arch, scheme, group, ccs):
     qckpt, n = quantized_ckpt(checkpoint_dir, tmp_path, arch, scheme, group)
     out = tmp_path / "engine"
-    result = build(qckpt, out, BuildConfig(limits=SMALL, compute_capabilities=ccs))
+    # float16 for both targets: this compares the float16 twin with the graph TensorRT parsed
+    result = build(qckpt, out, BuildConfig(dtype="float16", limits=SMALL, compute_capabilities=ccs))
     assert (out / "rank0.engine").stat().st_size == result.engine_bytes > 0
     layers = result.tensorrt["network_layer_types"]
     activations = scheme in ("w8a8_sq", "fp8")

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
+from cli_process import error_lines
 
 from engine_builder.build.third_party import build_third_party
 from engine_builder.formats.build_config import BuildConfig, Limits
@@ -81,5 +82,5 @@ def test_malformed_onnx_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "engine_builder.cli", "build", "--onnx", str(bad),
                            str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "not a readable ONNX model" in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "not a readable ONNX model" in proc.stderr
     assert not (tmp_path / "out").exists()

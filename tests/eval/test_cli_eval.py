@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_process import trtbuild
+from cli_process import error_lines, trtbuild
 from word_texts import word_ids, write_words
 
 from engine_builder.eval import evaluate
@@ -72,5 +72,5 @@ def test_bad_input_is_one_line_and_exit_2(tiny, tmp_path, case, message):
     proc = trtbuild("eval", *args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr

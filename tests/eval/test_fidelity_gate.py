@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_process import error_lines
 from test_cli_eval import trtbuild
 from word_texts import word_ids, write_words
 
@@ -48,7 +49,7 @@ def test_failing_gate_exits_2_and_writes_nothing(tiny, tmp_path):
     recipe = write_recipe(tmp_path / "strict.yaml", t.ckpt, max_ppl=100)  # a random model scores ~vocab size
     proc = trtbuild("build", t.ckpt, tmp_path / "engine", "--recipe", recipe)
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: fidelity gate failed: ppl "), proc.stderr
     assert lines[0].endswith(f" > 100 (max_ppl in {recipe}); no engine dir was written")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strict.yaml", "words.txt"]  # no engine, no temp dir
@@ -64,7 +65,7 @@ def test_bad_gate_fails_before_building(tiny, tmp_path, fidelity, message):
     t = tiny("llama")
     proc = trtbuild("build", t.ckpt, tmp_path / "engine", "--recipe", write_recipe(tmp_path / "r.yaml", t.ckpt,
                                                                                    **fidelity))
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr and len(error_lines(proc.stderr)) == 1, proc.stderr
     assert not (tmp_path / "engine").exists()
 
 

@@ -276,6 +276,24 @@ def test_generation_config_defaults_apply(tiny_engine):
     out = llm.generate(prompt_token_ids=[[1, 2, 3]])[0]  # no params: the file's defaults
     assert len(out.token_ids) <= 7
     assert llm.default_params(temperature=0).temperature == 0  # the caller wins
+    # a bare SamplingParams() takes the engine's sampling too (issue 16), an explicit temperature wins
+    resolved = llm._params(SamplingParams(max_new_tokens=3), 1)[0]
+    assert (resolved.temperature, resolved.top_k, resolved.max_new_tokens) == (0.5, 5, 3)
+    assert llm._params(SamplingParams(temperature=0.0), 1)[0].greedy
+
+
+def test_bare_sampling_params_are_greedy_unless_the_engine_samples(tiny_engine):
+    """The tiny llama's generation_config.json has no do_sample: SamplingParams() is greedy, the same
+    tokens every run (no generation_config.json at all: test_sampling_params.py)."""
+    engine, _ = tiny_engine("llama")
+    assert "do_sample" not in json.loads((engine / "generation_config.json").read_text())
+    llm = LLM(engine, backend="onnxruntime")
+    prompt = [[1, 5, 9, 13]]
+    runs = [llm.generate(prompt_token_ids=prompt, params=SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+            for _ in range(3)]
+    greedy = llm.generate(prompt_token_ids=prompt,
+                          params=SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True))[0]
+    assert all(r.token_ids == greedy.token_ids for r in runs)
 
 
 def test_longrope_sequences_are_reprefilled_like_hf(tiny_engine):

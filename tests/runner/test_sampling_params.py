@@ -44,7 +44,8 @@ def test_out_of_range_values_are_rejected_with_the_valid_range(field, value, val
 
 def test_defaults_and_boundaries_are_valid():
     p = SamplingParams()
-    assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (16, 1.0, 0, 1.0, 0.0)
+    assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (16, None, 0, 1.0, 0.0)
+    assert p.greedy  # None: the engine's generation_config.json decides, greedy without one
     SamplingParams(temperature=0.0, top_p=1.0, min_p=1.0, top_k=0, presence_penalty=-2, frequency_penalty=2,
                    seed=0, logprobs=0)
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0.01).greedy
@@ -103,3 +104,11 @@ def test_unknown_user_key_and_bad_merged_value_are_input_errors():
         SamplingParams.from_generation_config({}, temprature=0.5)
     with pytest.raises(InputError, match="top_p must be in"):
         SamplingParams.from_generation_config({"top_p": 0.0})
+
+
+def test_engine_defaults_resolve_an_unset_temperature():
+    assert SamplingParams().with_engine_defaults(None).temperature == 0.0  # no generation_config.json: greedy
+    assert SamplingParams().with_engine_defaults({"do_sample": False, "temperature": 0.6}).temperature == 0.0
+    sampled = SamplingParams(top_p=0.5).with_engine_defaults({"do_sample": True, "temperature": 0.6, "top_p": 0.9})
+    assert (sampled.temperature, sampled.top_k, sampled.top_p) == (0.6, 50, 0.5)  # HF's top_k 50; ours win
+    assert SamplingParams(temperature=1.0).with_engine_defaults(None).temperature == 1.0  # explicit: kept

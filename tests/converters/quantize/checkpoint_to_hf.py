@@ -42,11 +42,12 @@ def dequantized(ckpt: Path) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     input_scales = {}
     for prefix in block.quantized:
         q, scale = tensors.pop(f"{prefix}.weight"), tensors.pop(f"{prefix}.weight_scale").astype(np.float32)
-        if block.scheme == "fp8":
+        stored = block.for_linear(prefix)  # an int8 lm_head (--lm-head int8) under a 4-bit body
+        if stored.scheme == "fp8":
             w = fp8.dequantize_fp8(q, float(scale))
-        elif block.weight_bits == 8:
+        elif stored.weight_bits == 8:
             w = rtn.dequantize_int8(q, scale)
-        elif block.zero_point:  # ingested awq / gptq: uint4 codes and zeros
+        elif stored.zero_point:  # ingested awq / gptq: uint4 codes and zeros
             zero = quant_packing.unpack_int4(tensors.pop(f"{prefix}.weight_zero"), scale.shape[1], signed=False)
             w = rtn.dequantize_blocked(quant_packing.unpack_int4(q, q.shape[1] * 2, signed=False), scale, zero)
         else:

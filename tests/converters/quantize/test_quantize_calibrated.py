@@ -53,7 +53,9 @@ def test_calibrated_checkpoints_follow_the_format(calibrated):
         tensors = read_checkpoint(ckpts[scheme])
         for prefix in block.quantized:
             q, scale = tensors[f"{prefix}.weight"], tensors[f"{prefix}.weight_scale"]
-            if scheme == "int4_awq":
+            if scheme == "int4_awq" and prefix == "lm_head":  # weight-only: lm_head int8 per channel by default
+                assert block.lm_head == "int8" and q.dtype == np.int8 and scale.shape == (q.shape[0],)
+            elif scheme == "int4_awq":
                 assert q.dtype == np.uint8 and scale.shape == (q.shape[0], q.shape[1] * 2 // GROUP)
                 assert f"{prefix}.input_scale" not in tensors
             else:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_process import error_lines
 from runner_engines import add_word_tokenizer
 
 
@@ -18,7 +19,7 @@ def run_convert(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 def assert_refused(proc: subprocess.CompletedProcess[str], out: Path, *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
@@ -64,15 +65,15 @@ def test_failure_after_the_float_checkpoint_leaves_nothing(tiny_model_dir, tmp_p
     out.parent.mkdir()
     proc = run_convert(hf, out, "--quant", "w8a8_sq", "--calib", tmp_path / "short.txt")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().startswith("error: calibration text short.txt has 3 tokens, fewer than one window")
-    assert len(proc.stderr.strip().splitlines()) == 1
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: calibration text short.txt has 3 tokens, fewer than one")
     assert not list(out.parent.iterdir())
 
 
 def test_calibration_needs_a_tokenizer(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     proc = run_convert(tiny_model_dir("llama"), out, "--quant", "int4_awq", "--group-size", "32")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr
     assert "calibrates on text tokenized with the model's tokenizer" in proc.stderr
     assert "use --quant int8_wo or int4_wo" in proc.stderr
     assert not list(tmp_path.iterdir())

@@ -43,7 +43,8 @@ def dequantize(tensors: dict[str, np.ndarray], prefix: str, scheme: str,
 def test_rtn_checkpoint_dequantizes_within_half_a_step(arch, scheme, group, tiny_model_dir, tmp_path):
     hf = tiny_model_dir(arch)
     convert(hf, tmp_path / "fp", dtype="float32")
-    result = convert(hf, tmp_path / "q", quant=scheme, group_size=group)
+    # every linear in the scheme's own layout, lm_head too (its int8 default: tests/converters/quantize/test_lm_head.py)
+    result = convert(hf, tmp_path / "q", quant=scheme, group_size=group, lm_head="same")
     cfg = CheckpointConfig.load(tmp_path / "q")
     fp, q = read_checkpoint(tmp_path / "fp"), read_checkpoint(tmp_path / "q")
     linears = tuple(f"layers.{i}.{p}" for i in range(cfg.model.num_layers) for p in LINEARS) + ("lm_head",)
@@ -81,7 +82,7 @@ def test_checkpoint_dtype_applies_to_floats_and_scales(tiny_model_dir, tmp_path)
     and scales stored; the codes are RTN's of the bfloat16 weights, computed in float32."""
     hf = tiny_model_dir("llama")
     convert(hf, tmp_path / "fp", dtype="bfloat16")
-    convert(hf, tmp_path / "q", quant="int4_wo", group_size=GROUP, dtype="bfloat16")
+    convert(hf, tmp_path / "q", quant="int4_wo", group_size=GROUP, dtype="bfloat16", lm_head="same")
     assert CheckpointConfig.load(tmp_path / "q").dtype == "bfloat16"
     with safe_open(tmp_path / "q" / "rank0.safetensors", framework="pt") as f:
         dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118 (not a dict)

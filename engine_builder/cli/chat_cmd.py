@@ -1,0 +1,78 @@
+"""`trtbuild chat ENGINE_DIR`: a multi-turn conversation on stdin / stdout, the history kept in the KV cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine_builder.cli.console import verbose
+from engine_builder.util.errors import TrtbuildError
+
+HELP = "commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves"
+
+
+def chat(
+    engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
+    system: Annotated[str | None, typer.Option(help="System message that opens the conversation.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer per turn, in tokens.")] = 256,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy; default: the engine's "
+                                                           "generation_config.json (greedy without one).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (with a temperature > 0).")] = None,
+    backend: Annotated[str, typer.Option(help="auto, onnxruntime or tensorrt.")] = "auto",
+) -> None:
+    """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
+
+    The conversation stays in the KV cache between turns, so each turn prefills only what is new
+    (`trtbuild -v chat ...` prints the prompt and prefilled tokens per turn on stderr). /reset starts
+    over, /exit or end of input leaves.
+
+    Example: trtbuild chat engine --system "You are a concise assistant."
+    """
+    from engine_builder import LLM
+    from engine_builder.runner.chat_session import ChatSession
+
+    llm = LLM(engine_dir, backend=backend)
+    session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
+                                                          seed=seed))
+    interactive = sys.stdin.isatty()
+    if interactive:
+        sys.stderr.write(f"[{llm.backend_name}] {HELP}\n")
+    turn = 0
+    try:
+        while True:
+            if interactive:
+                sys.stderr.write(">>> ")
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line or line.strip() == "/exit":
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text == "/reset":
+                session.reset()
+                sys.stderr.write("(conversation reset)\n")
+                continue
+            if text.startswith("/"):
+                sys.stderr.write(f"unknown command {text.split()[0]}; {HELP}\n")
+                continue
+            turn += 1
+            try:
+                for delta in session.send(text):
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+            except TrtbuildError as exc:  # e.g. the conversation outgrew max_seq_len: say so, keep the REPL
+                sys.stderr.write(f"error: {exc}; /reset starts a new conversation\n")
+                continue
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            if verbose() and session.last is not None:
+                s = session.last
+                sys.stderr.write(f"[turn {turn}: prompt {s.prompt_tokens} tokens, prefilled {s.prefilled_tokens} "
+                                 f"(reused {s.reused_tokens}), {s.prefill_ms:.0f} ms; {s.new_tokens} new tokens in "
+                                 f"{s.decode_seconds:.2f} s]\n")
+    finally:
+        llm.close()

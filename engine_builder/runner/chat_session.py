@@ -1,0 +1,71 @@
+"""A multi-turn conversation over one LLM whose KV cache carries the history from turn to turn.
+
+Each turn's prompt is the chat template over every message so far, so it starts with the previous
+turn's prompt and answer. After a turn the slot's KV (prompt and answer) goes into a prefix cache
+(runner/prefix_cache.py) in small blocks, and the next turn copies it back instead of computing it:
+only the new user message, the template's markers around it and a partial block are prefilled.
+Re-tokenizing the answer's text usually gives back the generated ids; where it does not, reuse
+stops at the first differing block and the rest is prefilled, which costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine_builder.runner.llm import LLM
+from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.sampling_params import SamplingParams
+
+BLOCK_TOKENS = 4  # reuse granularity: at most 3 tokens of history are prefilled again per turn
+CACHE_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int  # the whole conversation as this turn's prompt
+    reused_tokens: int  # copied from the cache
+    new_tokens: int  # generated
+    prefill_ms: float
+    decode_seconds: float
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.reused_tokens
+
+
+class ChatSession:
+    """`for delta in session.send("Hi"): ...`, then `session.last` (TurnStats); `reset()` forgets the history."""
+
+    def __init__(self, llm: LLM, system: str | None = None, params: SamplingParams | None = None) -> None:
+        self.llm, self.system = llm, system
+        self.params = params
+        kv = llm.generator.backend.kv
+        # a host-memory cache only (onnxruntime); a graph that recomputes long sequences (longrope) cannot reuse
+        self.reuses = bool(kv.keys) and llm.generator.backend.reprefill_after is None
+        if self.reuses:
+            llm.generator.prefix_cache = PrefixCache(kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)
+            llm.generator.cache_outputs = True
+        self.messages: list[dict[str, Any]] = []
+        self.last: TurnStats | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        if self.reuses:  # the old conversation's blocks would only take memory
+            gen = self.llm.generator
+            gen.prefix_cache = PrefixCache(gen.backend.kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)
+
+    def send(self, text: str) -> Iterator[str]:
+        """Stream the assistant's answer to TEXT; the turn joins the history once the answer is complete."""
+        messages = [*self.messages, {"role": "user", "content": text}]
+        cache = self.llm.generator.prefix_cache if self.reuses else None
+        hits = cache.stats().hit_tokens if cache is not None else 0
+        with self.llm.stream_chat(messages, self.params) as stream:
+            yield from stream
+        out, timings = stream.output, stream.timings
+        reused = (cache.stats().hit_tokens - hits) if cache is not None else 0
+        self.last = TurnStats(len(out.prompt_token_ids), reused, len(out.token_ids),
+                              timings.prefill_ms if timings else 0.0, timings.decode_seconds if timings else 0.0)
+        self.messages = [*messages, {"role": "assistant", "content": out.text}]
