@@ -120,7 +120,7 @@ def test_unknown_model_or_route_is_404(server):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
-    assert_openai_error(post(server, "/v1/embeddings", {"input": "Hi"}), 404, "no route")
+    assert_openai_error(post(server, "/v1/no_such_route", {"input": "Hi"}), 404, "no route")
     assert_tgi_error(post(server, "/no_such_route", {"inputs": "Hi"}), 404, "not_found", "no route")
 
 
