@@ -67,6 +67,9 @@ def serve(
     = DEFAULT_MAX_STOP_SEQUENCES,
     max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer gets "
                                                               "422.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
+                                                                "sha256 its build recorded (trusted dirs only; "
+                                                                "starts faster on large engines).")] = False,
     log_format: Annotated[str, typer.Option(help="Access log on stderr, one line per request (method, path, "
                                                  "status, tokens in/out, ms): text or json.")] = "text",
 ) -> None:
@@ -93,7 +96,8 @@ def serve(
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
-                 log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format)
+                 log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
+                 verify=not no_verify)
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
     # threads take a moment) must not turn exit 0 into death by signal
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

@@ -77,11 +77,11 @@ def create_embedding_app(service: EmbeddingService) -> FastAPI:
 
 @contextlib.contextmanager
 def embedding_app(engine_dir: Path, config: ServerConfig, *, backend: str, threads: int | None,
-                  log: Callable[[str], None] | None) -> Iterator[FastAPI]:
+                  log: Callable[[str], None] | None, verify: bool = True) -> Iterator[FastAPI]:
     """serve()'s app over encoder engine ENGINE_DIR; the batcher and the session are closed on exit."""
     from engine_builder.runner.llm import LLM
 
-    with LLM(engine_dir, backend=backend, threads=threads) as llm:
+    with LLM(engine_dir, backend=backend, threads=threads, verify=verify) as llm:
         assert llm.embedder is not None  # serve() sends only encoder engines here
         batcher = EmbeddingBatcher(llm.embedder, max_queue=config.max_concurrent_requests)
         try:

@@ -57,7 +57,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
-          log_format: str | None = None) -> None:
+          log_format: str | None = None, verify: bool = True) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
     "json", an access-log line per request (server/access_log.py)."""
@@ -72,7 +72,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
         raise InputError(f"--log-format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
     if shutdown_timeout < 0:
         raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
-    engine = EngineDir.load(engine_dir)
+    engine = EngineDir.load(engine_dir, verify=False)  # the limits only: LLM() below checks the files, once
     name = model_name if model_name is not None else Path(engine_dir).resolve().name
     limits = engine.limits
     if engine.model.encoder is not None:  # no generated tokens: ServerConfig's "total" room is the input's own
@@ -91,7 +91,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
         from engine_builder.server.embedding_app import embedding_app
 
         with contextlib.closing(sock), embedding_app(engine_dir, config, backend=backend, threads=threads,
-                                                     log=log) as app, _signals_ignored_after_uvicorn():
+                                                     log=log, verify=verify) as app, _signals_ignored_after_uvicorn():
             asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         return
 
@@ -99,7 +99,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     from engine_builder.server.asgi_app import create_app
 
     with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads,
-                                                  prefix_cache=prefix_cache) as llm:
+                                                  prefix_cache=prefix_cache, verify=verify) as llm:
         executor = Executor(llm, scheduler)
         try:
             if log is not None:

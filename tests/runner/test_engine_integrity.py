@@ -11,9 +11,11 @@ import re
 import shutil
 import time
 
+import httpx
 import pytest
 from cli_process import assert_user_error, trtbuild
 from runner_engines import build_engine
+from server.live_server import LiveServer
 
 from engine_builder import LLM, SamplingParams
 from engine_builder.build.third_party import build_third_party
@@ -91,6 +93,14 @@ def test_a_changed_weight_byte_is_refused_by_every_loader_naming_the_file(built)
     # the documented opt-out for trusted dirs loads it anyway
     assert EngineDir.load(engine, verify=False).path == engine
     assert trtbuild("run", engine, "--prompt", "w3", "--max-new-tokens", "2", "--no-verify").returncode == 0
+    # serve refuses before it binds a port, and takes the same opt-out
+    assert_user_error(trtbuild("serve", engine, "--port", "0"), str(engine / "rank0.safetensors"),
+                      f"{REBUILD} {engine} --force")
+    server = LiveServer(engine, "--no-verify")
+    try:
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+    finally:
+        assert server.stop() == 0
 
 
 def test_truncated_missing_and_unrecorded_files(built, tmp_path):
