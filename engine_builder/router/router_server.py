@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 
@@ -21,11 +20,10 @@ from engine_builder.router.backends import BackendPool
 from engine_builder.router.policies import make_policy
 from engine_builder.router.router_config import RouterConfig
 from engine_builder.router.router_metrics import RouterMetrics
-from engine_builder.util.errors import InputError
+from engine_builder.util.listen_socket import bind, signals_ignored_after_uvicorn, url_of
 
 # Seconds streams still running at SIGTERM get to finish before uvicorn cancels them
 SHUTDOWN_TIMEOUT_S = 30.0
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def route(backends: list[str] | tuple[str, ...], *, policy: str = "round-robin", host: str = "127.0.0.1",
@@ -34,8 +32,8 @@ def route(backends: list[str] | tuple[str, ...], *, policy: str = "round-robin",
     """Route requests over BACKENDS (`trtbuild serve` base URLs) until SIGINT/SIGTERM. on_ready(url) runs
     once it accepts connections; log(line) gets backend changes (taken out, put back)."""
     config = RouterConfig.create(backends, policy, **timings)
-    sock = _bind(host, port)
-    with contextlib.closing(sock), _signals_ignored_after_uvicorn():
+    sock = bind(host, port)
+    with contextlib.closing(sock), signals_ignored_after_uvicorn():
         asyncio.run(_run(config, sock, on_ready, log or (lambda line: None)))
 
 
@@ -67,49 +65,10 @@ async def _run(config: RouterConfig, sock: socket.socket, on_ready: Callable[[st
             if server.started:
                 log(f"routing over {len(pool.backends)} backends ({config.policy}): "
                     + ", ".join(b.url for b in pool.backends))
-                on_ready(_url_of(sock))
+                on_ready(url_of(sock))
                 sys.stdout.flush()
             await task
         finally:
             checks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await checks
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now: a taken port is a one-line error, port 0 picks a free one.
-    (The same rules as `serve`'s; restated because the router imports nothing of the server.)"""
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port must be in [0, 65535], got {port}")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise InputError(f"cannot resolve --host {host!r} ({exc.strerror}); give an IP address such as "
-                         "127.0.0.1") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise InputError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port "
-                         "(0 = any free port) or stop what uses it") from None
-    return sock
-
-
-def _url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-@contextlib.contextmanager
-def _signals_ignored_after_uvicorn() -> Iterator[None]:
-    """uvicorn re-raises the signal that stopped it under the handlers it found; SIG_IGN there makes a
-    clean shutdown exit 0 (as `serve` does)."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,7 @@ from engine_builder.server.config import (
     ServerConfig,
 )
 from engine_builder.util.errors import InputError
+from engine_builder.util.listen_socket import bind, signals_ignored_after_uvicorn, url_of
 
 if TYPE_CHECKING:
     from engine_builder.server.generation import ServerState
@@ -45,7 +45,6 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # After the shutdown timeout cancels the requests, the time their responses get to send their last
 # event before uvicorn cancels the tasks outright
 SHUTDOWN_GRACE_S = 5.0
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int | None = None,
@@ -86,12 +85,12 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
-    sock = _bind(host, port)
+    sock = bind(host, port)
     if engine.model.encoder is not None:  # an embedding model: server/embedding_app.py
         from engine_builder.server.embedding_app import embedding_app
 
         with contextlib.closing(sock), embedding_app(engine_dir, config, backend=backend, threads=threads,
-                                                     log=log, verify=verify) as app, _signals_ignored_after_uvicorn():
+                                                     log=log, verify=verify) as app, signals_ignored_after_uvicorn():
             asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         return
 
@@ -109,38 +108,10 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                     f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}")
             app = create_app(executor, config, access_log=log if log_format else None,
                              log_format=log_format or "text")  # type: ignore[arg-type]
-            with _signals_ignored_after_uvicorn():
+            with signals_ignored_after_uvicorn():
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         finally:
             executor.shutdown(drain=False)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now: a taken port is a one-line error before the model loads,
-    and port 0 picks a free one (the ready line then names it)."""
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port must be in [0, 65535], got {port}")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise InputError(f"cannot resolve --host {host!r} ({exc.strerror}); give an IP address such as "
-                         "127.0.0.1") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restart at once after a stop (TIME_WAIT)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise InputError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port "
-                         "(0 = any free port) or stop what uses it") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float,
@@ -175,15 +146,3 @@ def _uvicorn_server(config: object, state: ServerState, shutdown_timeout: float)
                 timer.cancel()
 
     return Server(config)
-
-
-@contextlib.contextmanager
-def _signals_ignored_after_uvicorn() -> Iterator[None]:
-    """uvicorn installs its own handlers while it serves and, once done, re-raises the caught signal
-    under the handlers it found; SIG_IGN there turns that into a no-op, so a clean shutdown exits 0."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
