@@ -47,6 +47,12 @@ def run(
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against "
                                                                 "the sha256 its build recorded (trusted dirs "
                                                                 "only).")] = False,
+    speculative: Annotated[str | None, typer.Option(help="Speculative decoding: ngram (prompt lookup) or draft "
+                                                         "(--draft-engine); the same tokens at temperature 0.")] = None,
+    draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
+                                                           "tokenizer, e.g. an int4 build).")] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
+                                                              "to the acceptance rate).")] = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -62,11 +68,14 @@ def run(
     SamplingParams(**user)  # invalid values fail here, before the engine is loaded
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    from engine_builder.runner.speculative.config import from_flags
+
+    spec = from_flags(speculative, draft_engine, num_draft_tokens)  # checked before the engine loads
     text = _read_prompt(prompt)
 
     from engine_builder.runner.llm import LLM
 
-    llm = LLM(engine_dir, backend=backend, verify=not no_verify)
+    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)
@@ -81,6 +90,8 @@ def run(
     if as_json:
         result: dict[str, Any] = {**out.to_json(), "backend": llm.backend_name, "backend_reason": llm.backend_reason,
                                   "timings": timings.to_json()}
+        if spec is not None:  # acceptance rate, mean accepted length
+            result["speculative"] = llm.generator.stats.to_json()
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
         return
     sys.stdout.write("\n")
