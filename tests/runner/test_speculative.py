@@ -138,7 +138,7 @@ def test_rejection_rule_keeps_the_target_distribution():
     p_logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
     p = probabilities(p_logits)
     q = np.array([0.1, 0.2, 0.3, 0.4])
-    n = 40000
+    n = 8000
     for probs in (None, q):
         counts = np.zeros(4)
         for _ in range(n):
