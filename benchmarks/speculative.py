@@ -11,8 +11,8 @@ checked identical to the plain greedy tokens (the script fails otherwise).
          HF transformers' `generate(prompt_lookup_num_tokens=10)` on the same weights (the GGUF dequantized
          to float32, as our checkpoint) and the same number of threads. Targets: ngram <= 0.5x plain,
          HF prompt lookup >= 1.5x ngram's time.
-  draft  free text (a story) with an int4 build of the same checkpoint (`convert --quant int4_wo`)
-         drafting for the float32 target. Target: decode >= 1.5x the target alone.
+  draft  free text (a story) with an int4 build of the same checkpoint (`convert --quant int4_wo`, or with
+         --draft-quant gguf the GGUF's own Q4_1 blocks) drafting for the float32 target. Target: >= 1.5x.
   worst  a proposer whose drafts are never accepted (random token ids), adaptive draft length vs plain
          (target: <= 10 % slower), and a fixed 4 drafts per step for contrast.
 """
@@ -37,7 +37,7 @@ COPY_TASK = f"Repeat the following paragraph exactly, word for word:\n\n{COPY_TE
 STORY_TASK = "Write a short story about a fox who finds a lost key in the forest."
 
 
-def build_engines(work: Path) -> dict[str, Path]:
+def build_engines(work: Path, draft_quant: str = "int4_wo") -> dict[str, Path]:
     from converters.convert import convert
     from engine_builder.build.pipeline import build
     from engine_builder.formats.build_config import BuildConfig, Limits
@@ -45,13 +45,14 @@ def build_engines(work: Path) -> dict[str, Path]:
 
     limits = Limits(max_batch=1, max_input_len=512, max_seq_len=1024)
     out = {}
-    for name, quant in (("float32", "none"), ("int4", "int4_wo")):
+    for name, quant in (("float32", "none"), ("int4", draft_quant)):
+        name = name if quant in ("none", "int4_wo") else f"int4-{quant}"
         ckpt, engine = work / f"ckpt-{name}", work / f"engine-{name}"
         if not ckpt.exists():
-            convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant != "none" else None)
+            convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant == "int4_wo" else None)
         if not engine.exists():
             build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
-        out[name] = engine
+        out[name.split("-")[0]] = engine
     return out
 
 
@@ -194,13 +195,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtbuild-bench-speculative"))
     parser.add_argument("--parts", default="copy,draft,worst")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime and torch threads (default: cores)")
+    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf"),
+                        help="the draft's int4: int4_wo (re-quantized, RTN) or gguf (the GGUF's own Q4_1 blocks: "
+                             "the float32 target's exact weights, in int4)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from engine_builder.util.cpu_cores import physical_cores
 
     threads = args.threads or physical_cores()
     args.work.mkdir(parents=True, exist_ok=True)
-    engines = build_engines(args.work)
+    engines = build_engines(args.work, args.draft_quant)
     parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case}
     results = {"threads": threads, "runs": args.runs, "max_new_tokens": args.max_new_tokens}
     for name in args.parts.split(","):
