@@ -53,11 +53,7 @@ class DraftProposer:
         self.seconds = 0.0  # time spent drafting, summed
 
     def propose(self, request: RequestState, k: int) -> Proposal:
-        started = time.perf_counter()
-        try:
-            return self._propose(request, k)
-        finally:
-            self.seconds += time.perf_counter() - started
+        return self._propose(request, k)
 
     def _propose(self, request: RequestState, k: int) -> Proposal:
         kv, key = self.backend.kv, id(request)
@@ -81,12 +77,19 @@ class DraftProposer:
         if common < len(fed):
             kv.rewind(slot, common)  # the rejected draft positions: zeroed, length back
             del fed[common:]
+        # self.seconds is what the adaptive draft length weighs per drafted token: the drafting loop and a
+        # steady-state catch-up (the last verify step's correction or bonus token), not a first prefill or
+        # the catch-up after plain steps, which would make drafting look dear and switch it off for good
+        started = time.perf_counter()
+        steady = len(context) - common <= 2
         logits = None
         for start in range(common, len(context), self.backend.max_input_len):
             chunk = context[start:start + self.backend.max_input_len]
             logits = self.backend.step(slot, np.asarray([chunk], np.int64))  # [1, vocab]
             kv.advance(slot, len(chunk))
             fed += chunk
+        if not steady:
+            started = time.perf_counter()
         greedy = request.params.greedy
         state = None if greedy else self._states.get(key)
         if state is None and not greedy:
@@ -107,6 +110,7 @@ class DraftProposer:
                 logits = self.backend.step(slot, np.asarray([[token]], np.int64))
                 kv.advance(slot, 1)
                 fed.append(token)
+        self.seconds += time.perf_counter() - started
         return Proposal(tuple(tokens), np.stack(probs) if probs else None)
 
     def release(self, request: RequestState) -> None:
