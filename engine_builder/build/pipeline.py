@@ -63,23 +63,28 @@ class BuildResult:
     twin_dtype: str | None = None  # the onnxruntime twin's (build/dtype_choice.py)
 
 
-def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, dict]:
-    """Two optimization profiles: decode (seq 1, gemv attention) and prefill (seq 2..max_input_len)."""
+def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, ...]:
+    """Optimization profiles: decode (seq 1, gemv attention), verify (seq 2..logits_tail, optimized for a
+    speculative step of the last token + logits_tail - 1 drafts; only when logits_tail > 1) and prefill
+    (seq 2..max_input_len). The runtime takes the first whose range holds a step."""
     lim = config.limits
-    decode: dict[str, tuple] = {}
-    prefill: dict[str, tuple] = {}
+    longest = max(2, lim.max_input_len)
+    verify_len = min(config.logits_tail, longest)
+    seq_ranges = [((1, 1), (1, 1), (lim.max_batch, 1))]
+    if verify_len > 1:
+        seq_ranges.append(((1, 2), (1, verify_len), (lim.max_batch, verify_len)))
+    seq_ranges.append(((1, 2), (1, min(longest, 128)), (lim.max_batch, longest)))
+    profiles: list[dict[str, tuple]] = [{} for _ in seq_ranges]
     for value in model_inputs:
         rest = tuple(int(d) for d in value.shape[1:]) if value.name.startswith(("past_key.", "past_value.")) else None
-        if rest is not None:  # [batch, kv_heads, max_seq, head_dim]
-            shapes = ((1, *rest), (1, *rest), (lim.max_batch, *rest))
-            decode[value.name] = prefill[value.name] = shapes
-        elif value.name == io.PAST_LENGTHS:
-            decode[value.name] = prefill[value.name] = ((1,), (1,), (lim.max_batch,))
-        else:  # input_ids, position_ids: [batch, seq]
-            decode[value.name] = ((1, 1), (1, 1), (lim.max_batch, 1))
-            longest = max(2, lim.max_input_len)
-            prefill[value.name] = ((1, 2), (1, min(longest, 128)), (lim.max_batch, longest))
-    return decode, prefill
+        for profile, seq_range in zip(profiles, seq_ranges):
+            if rest is not None:  # [batch, kv_heads, max_seq, head_dim]
+                profile[value.name] = ((1, *rest), (1, *rest), (lim.max_batch, *rest))
+            elif value.name == io.PAST_LENGTHS:
+                profile[value.name] = ((1,), (1,), (lim.max_batch,))
+            else:  # input_ids, position_ids: [batch, seq]
+                profile[value.name] = seq_range
+    return tuple(profiles)
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     twin = config.twin_dtype or config.dtype
     check_pass_lists(config)
     started, peak = time.perf_counter(), PeakRss()
-    networks = {target: NetworkOptions(max_seq_len=config.limits.max_seq_len,
+    networks = {target: NetworkOptions(max_seq_len=config.limits.max_seq_len, logits_tail=config.logits_tail,
                                        dtype=twin if target == "onnxruntime" else config.dtype)
                 for target in ("onnxruntime", "tensorrt")}
     with atomic_output_dir(out, force, (ckpt,), ENGINE_SCHEMA) as tmp:

@@ -54,6 +54,12 @@ def run(
                                                                             "schema file.")] = None,
     regex: Annotated[str | None, typer.Option("--regex", help="Constrain the output to this regex.")] = None,
     choice: Annotated[list[str] | None, typer.Option("--choice", help="The output is one of these; repeat.")] = None,
+    speculative: Annotated[str | None, typer.Option(help="Speculative decoding: ngram (prompt lookup) or draft "
+                                                         "(--draft-engine); the same tokens at temperature 0.")] = None,
+    draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
+                                                           "tokenizer, e.g. an int4 build).")] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
+                                                              "to the acceptance rate).")] = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -75,11 +81,14 @@ def run(
         from engine_builder.cli.run_embed import run_embed
 
         return run_embed(engine_dir, embed, backend, verify=not no_verify, as_json=as_json)
+    from engine_builder.runner.speculative.config import from_flags
+
+    spec = from_flags(speculative, draft_engine, num_draft_tokens)  # checked before the engine loads
     text = _read_prompt(prompt)
 
     from engine_builder.runner.llm import LLM
 
-    llm = LLM(engine_dir, backend=backend, verify=not no_verify)
+    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)
@@ -97,6 +106,8 @@ def run(
         result: dict[str, Any] = {"trtbuild_version": __version__, **out.to_json(),
                                   "backend": llm.backend_name, "backend_reason": llm.backend_reason,
                                   "timings": timings.to_json()}
+        if spec is not None:  # acceptance rate, mean accepted length
+            result["speculative"] = llm.generator.stats.to_json()
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
         return
     sys.stdout.write("\n")

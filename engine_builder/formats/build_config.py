@@ -87,9 +87,13 @@ class BuildConfig:
     # rank0.safetensors at load (TensorRT-RTX 1.7 cannot build either without a GPU).
     weights: str = "embedded"
     passes: PassLists = field(default_factory=PassLists)
+    # logits of the last min(seq, logits_tail) positions: a speculative verify step (last token + up to
+    # logits_tail - 1 drafts) reads them all; TensorRT gets a verify profile (seq 2..logits_tail) for it
+    logits_tail: int = 16
 
     def validate(self) -> None:
         self.limits.validate()
+        check_limit("logits_tail", self.logits_tail)
         if not self.targets or any(t not in TARGETS for t in self.targets):
             raise ConfigError(f"targets {list(self.targets)} must be drawn from {', '.join(TARGETS)} (or 'all')")
         if self.dtype not in ("auto", *DTYPES):

@@ -7,7 +7,8 @@
                                                                    (int8 with `convert --kv-cache int8`)
     past_value.{i}   dtype  [batch, kv_heads, max_seq, head_dim]
     ->
-    logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits)
+    logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits;
+                                                  [batch, min(seq, T), vocab] with metadata logits_tail = T > 1)
     present_key.{i}  dtype  [batch, kv_heads, max_seq, head_dim]   the whole updated buffer
     present_value.{i}
 
@@ -41,12 +42,17 @@ LOGITS = "logits"
 # symbolic dims
 BATCH = "batch"
 SEQ = "seq"
+LOGITS_SEQ = "logits_seq"  # min(seq, logits_tail)
+INT64_MAX = (1 << 63) - 1  # Slice's "to the end"
 
 # model.onnx metadata_props keys: what the emitter and the passes record, what the backends read
 META_ARCHITECTURE = "trtbuild.architecture"
 META_MAX_SEQ_LEN = "trtbuild.max_seq_len"
 META_ALL_LOGITS = "trtbuild.all_logits"  # "true": logits for every position, [batch, seq, vocab]
 META_DTYPE = "trtbuild.dtype"
+# logits of the last min(seq, N) positions (absent: 1). A speculative verify step feeds the last token and
+# k <= N - 1 drafts and reads every position's logits; a long prefill still computes the LM head N times only
+META_LOGITS_TAIL = "trtbuild.logits_tail"
 META_REPREFILL_AFTER = "trtbuild.reprefill_after"  # longrope: re-prefill a sequence past this many tokens
 META_KV_UPDATE = "trtbuild.kv_update"  # in_place | copy: may present_* share past_*'s buffer
 META_ORT_ACCURACY_LEVEL = "trtbuild.ort_accuracy_level"  # MatMulNBits accuracy_level the lowering chose
@@ -56,6 +62,13 @@ def reprefill_after(metadata: dict[str, str]) -> int | None:
     """The longrope switch-over length recorded in a graph's metadata, None when it has none."""
     value = metadata.get(META_REPREFILL_AFTER)
     return int(value) if value is not None else None
+
+
+def logits_tail(metadata: dict[str, str]) -> int:
+    """How many trailing positions a step's logits cover (1 for graphs built before the key existed)."""
+    if metadata.get(META_ALL_LOGITS) == "true":
+        return 1 << 30  # every position
+    return int(metadata.get(META_LOGITS_TAIL, "1"))
 
 
 def past_key(layer: int) -> str:

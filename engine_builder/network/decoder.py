@@ -78,9 +78,12 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         presents += [present_key, present_value]
 
     with b.scope("head"):
-        if not options.all_logits:  # only the last position feeds sampling: skip the rest early
+        if not options.all_logits and options.logits_tail == 1:  # only the last position feeds sampling
             # Gather of index [-1] rather than Slice: shape inference then knows the 1
             hidden = b.op("Gather", hidden, b.ints([-1]), axis=1)  # [batch, 1, hidden]
+        elif not options.all_logits:  # a verify step reads the last k+1; a long prefill still skips the rest
+            hidden = b.op("Slice", hidden, b.ints([-options.logits_tail]), b.ints([io.INT64_MAX]),
+                          b.ints([1]))  # [batch, min(seq, tail), hidden]
         hidden = checkpoint_norm(b, hidden, w, "final_norm", cfg.block.norm, name="final_norm")
         if cfg.tie_word_embeddings and "lm_head" not in ckpt.quantization.quantized:
             logits = b.linear(hidden, w["embed.weight"])  # [batch, seq or 1, vocab]
@@ -93,7 +96,8 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
             logits = b.cast(logits, FLOAT)
     logits.name = io.LOGITS
     logits.dtype = FLOAT
-    logits.shape = ir.Shape([io.BATCH, io.SEQ if options.all_logits else 1, cfg.vocab_size])
+    tail = io.SEQ if options.all_logits else 1 if options.logits_tail == 1 else io.LOGITS_SEQ
+    logits.shape = ir.Shape([io.BATCH, tail, cfg.vocab_size])
 
     graph = ir.Graph(
         inputs=[input_ids, position_ids, past_lengths, *(v for pair in past for v in pair)],
@@ -103,6 +107,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     model.metadata_props.update({
         io.META_ARCHITECTURE: cfg.architecture, io.META_MAX_SEQ_LEN: str(options.max_seq_len),
         io.META_ALL_LOGITS: str(options.all_logits).lower(), io.META_DTYPE: dtype.name.lower(),
+        io.META_LOGITS_TAIL: str(options.logits_tail),
     })
     if cfg.rope.scaling.type == "longrope":
         # the tables switch once a sequence outgrows this length; keys already cached were rotated

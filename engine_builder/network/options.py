@@ -17,10 +17,14 @@ class NetworkOptions:
     max_seq_len: int = 2048
     # logits for every position ([batch, seq, vocab]) instead of the last one ([batch, 1, vocab])
     all_logits: bool = False
+    # without all_logits: logits for the last min(seq, logits_tail) positions. 1 = the last only; more lets
+    # a speculative verify step (the last token plus k drafts) read every position's logits in one pass
+    logits_tail: int = 1
     # activation dtype; "auto" computes in the checkpoint's dtype, anything else casts the weights
     dtype: ComputeDtype = "auto"
 
     def validate(self) -> None:
         check_limit("max_seq_len", self.max_seq_len)
+        check_limit("logits_tail", self.logits_tail)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype {self.dtype!r} is not one of auto, float32, float16, bfloat16")

@@ -8,6 +8,8 @@ past_lengths entry) and runs one decoder step over a contiguous range of slots:
     execute()                     one engine call; `execute_seconds` accumulates its wall time
     read_logits()                 [rows, vocab] float32 of each row's last position, a view that
                                   stays valid until the next step (copy it to keep it)
+    read_tail_logits()            [rows, min(seq, logits_tail), vocab]: the last positions' logits, all of
+                                  them for a speculative verify step of seq <= logits_tail tokens
 
 It does not advance the cache lengths: the loop calls kv.advance for the slots that hold a
 request, so slots that ride along idle in a batched decode (length 0: they write one junk entry at
@@ -40,6 +42,7 @@ class Backend(ABC):
     kv_update: KVUpdate  # in_place: past and present share one buffer; copy: present is a separate buffer
     reprefill_after: int | None  # longrope: re-prefill a sequence when its length reaches this
     max_input_len: int  # longest multi-token step the engine takes (TensorRT prefill profile)
+    logits_tail: int = 1  # a step's logits cover its last min(seq, logits_tail) positions (graph metadata)
     execute_seconds: float  # wall time inside the engine call, summed over every step
 
     @classmethod
@@ -66,6 +69,10 @@ class Backend(ABC):
 
     @abstractmethod
     def read_logits(self) -> np.ndarray: ...
+
+    def read_tail_logits(self) -> np.ndarray:
+        """[rows, min(seq, logits_tail), vocab] float32; a backend whose graph has logits_tail 1 gives the last."""
+        return self.read_logits()[:, None]
 
     @abstractmethod
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:

@@ -29,6 +29,7 @@ from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import Sampler, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
 from engine_builder.util.errors import InputError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -101,14 +102,17 @@ class TokenStream:
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = False,
-                 prefix_cache_bytes: int = 256 << 20) -> None:
+                 prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
         skips checking the files' sha256 against the manifest (trusted dirs, fastest start).
         prefix_cache: keep the KV of prompts' full blocks (up to prefix_cache_bytes) and copy them into
         later requests that start the same way, which then prefill only the rest (runner/prefix_cache.py);
-        onnxruntime backend only, and not for longrope models (their cached keys change past a length)."""
+        onnxruntime backend only, and not for longrope models (their cached keys change past a length).
+        speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
+        time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
+        spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
         self.engine = EngineDir.load(engine_dir, verify=verify)
         self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
         self.embedder: Embedder | None = None
@@ -126,7 +130,11 @@ class LLM:
         cache = None
         if prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
             cache = PrefixCache(self.backend.kv, budget_bytes=prefix_cache_bytes)
-        self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed), cache)
+        if spec is None:
+            self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed), cache)
+        else:
+            self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos, Sampler(seed), cache,
+                                                    seed=seed, threads=threads)
 
     # --- parameters and prompts -------------------------------------------------------------
 
@@ -202,6 +210,8 @@ class LLM:
         return self._generator.timings
 
     def close(self) -> None:
+        if isinstance(self._generator, SpeculativeGenerator):
+            self._generator.close()  # a draft engine's backend
         self.backend.close()
 
     def __enter__(self) -> LLM:

@@ -144,6 +144,7 @@ class OrtBackend(Backend):
         meta = self.session.get_modelmeta().custom_metadata_map
         self.reprefill_after = io.reprefill_after(meta)
         self.all_logits = meta.get(io.META_ALL_LOGITS) == "true"
+        self.logits_tail = io.logits_tail(meta)  # 1 << 30 with all_logits: every position
         if kv_update is None:
             self.kv_update, self.kv_update_reason = kv_update_mode(engine.onnx_path)
         else:
@@ -156,12 +157,14 @@ class OrtBackend(Backend):
         self._ids = np.zeros(width, np.int64)
         self._pos = np.zeros(width, np.int64)
         self._arange = np.arange(width, dtype=np.int64)
-        self._logits = np.zeros(lim.max_batch * self.vocab_size, np.float32)  # [rows, 1, vocab] when bound
+        tail = 1 if self.all_logits else self.logits_tail
+        self._logits = np.zeros(lim.max_batch * tail * self.vocab_size, np.float32)  # [rows, tail, vocab] bound
         # copy mode: present_* land here; only the new positions go back into the cache
         self._present = None
         if self.kv_update == "copy":
             self._present = ([np.zeros_like(k) for k in self.kv.keys], [np.zeros_like(v) for v in self.kv.values])
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._verify_bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (slot, seq) of one-row verify steps
         self._bound: tuple[ort.IOBinding, int, int, int] | None = None  # binding, first slot, rows, seq
         self.execute_seconds = 0.0
 
@@ -175,6 +178,10 @@ class OrtBackend(Backend):
             binding = self._decode_bindings.get((first_slot, rows))
             if binding is None:
                 binding = self._decode_bindings[first_slot, rows] = self._make_binding(first_slot, rows, 1)
+        elif rows == 1 and seq <= min(self.logits_tail, 32):  # speculative verify steps: few shapes, every step
+            binding = self._verify_bindings.get((first_slot, seq))
+            if binding is None:
+                binding = self._verify_bindings[first_slot, seq] = self._make_binding(first_slot, 1, seq)
         else:
             binding = self._make_binding(first_slot, rows, seq)
         self._bound = (binding, first_slot, rows, seq)
@@ -198,7 +205,8 @@ class OrtBackend(Backend):
         if self.all_logits:  # [rows, seq, vocab]: let onnxruntime size it; only the last position is read
             b.bind_output(io.LOGITS, "cpu")
         else:
-            b.bind_output(io.LOGITS, "cpu", 0, np.float32, (rows, 1, self.vocab_size), self._logits.ctypes.data)
+            tail = min(seq, self.logits_tail)  # [rows, min(seq, tail), vocab]
+            b.bind_output(io.LOGITS, "cpu", 0, np.float32, (rows, tail, self.vocab_size), self._logits.ctypes.data)
         return b
 
     def execute(self) -> None:
@@ -222,10 +230,14 @@ class OrtBackend(Backend):
                     cache[first + r, :, s:s + seq] = present[first + r, :, s:s + seq]
 
     def read_logits(self) -> np.ndarray:
-        binding, _, rows, _ = self._bound
+        return self.read_tail_logits()[:, -1]
+
+    def read_tail_logits(self) -> np.ndarray:
+        binding, _, rows, seq = self._bound
         if self.all_logits:
-            return binding.get_outputs()[0].numpy()[:, -1]
-        return self._logits[:rows * self.vocab_size].reshape(rows, self.vocab_size)
+            return binding.get_outputs()[0].numpy()
+        tail = min(seq, self.logits_tail)
+        return self._logits[:rows * tail * self.vocab_size].reshape(rows, tail, self.vocab_size)
 
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
         src, dst = list(src), list(dst)
@@ -234,6 +246,7 @@ class OrtBackend(Backend):
 
     def close(self) -> None:
         self._decode_bindings.clear()
+        self._verify_bindings.clear()
         self._bound = None
         self.session = None  # type: ignore[assignment]
 

@@ -13,11 +13,12 @@ contexts; the CUDA side uses only documented TensorRT 10 / TensorRT-RTX 1.x call
     context.execute_async_v3(stream)
     engine.get_tensor_profile_shape(name, p); engine.get_aliased_input_tensor(name)
 
-Profiles come from build.py's `trt_profiles`: 0 = decode (seq 1, gemv attention kernels),
-1 = prefill (seq 2..max_input_len). Each profile gets its own execution context, bound once
+Profiles come from build.py's `trt_profiles`: 0 = decode (seq 1, gemv attention kernels), then verify
+(seq 2..logits_tail, when built with one: speculative decoding's k+1-token steps), last prefill
+(seq 2..max_input_len). Each profile gets its own execution context, bound once
 per (profile, first slot, rows, seq) and reused while that stays the same, so a decode step is
 three small host->device copies, one enqueue and one logits copy back. Steps are serialized on
-one stream, so the two contexts can share one device scratch buffer (TensorRT-LLM does the same).
+one stream, so the contexts can share one device scratch buffer (TensorRT-LLM does the same).
 
 Device buffers are torch CUDA tensors (torch is already a dependency; no pycuda / cuda-python).
 The KV cache is one [max_batch, kv_heads, max_seq, head_dim] tensor per layer and K/V; TensorRT's
@@ -156,6 +157,7 @@ class TrtBackend(Backend):
         self.max_input_len = max(p[io.INPUT_IDS][2][1] for p in self.profiles)
         meta = engine.graph_metadata  # the same decoder as the twin: its longrope switch applies here too
         self.reprefill_after = io.reprefill_after(meta)
+        self.logits_tail = min(io.logits_tail(meta), self.max_input_len)
         self.aliased = {n: a for n in names if e.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT
                         and (a := e.get_aliased_input_tensor(n))}
         self.kv_update = "in_place" if all(io.present_key(i) in self.aliased for i in range(num_layers)) else "copy"
@@ -172,12 +174,13 @@ class TrtBackend(Backend):
         self._ids = torch.zeros(width, dtype=torch.int64, device=cuda)
         self._pos = torch.zeros(width, dtype=torch.int64, device=cuda)
         self._lengths = torch.zeros(lim.max_batch, dtype=torch.int64, device=cuda)
-        self._logits = torch.zeros(lim.max_batch * self.vocab_size, dtype=torch.float32, device=cuda)
+        logits_size = lim.max_batch * self.logits_tail * self.vocab_size  # [rows, min(seq, tail), vocab]
+        self._logits = torch.zeros(logits_size, dtype=torch.float32, device=cuda)
         # pinned host staging, so the copies are asynchronous on our stream
         self._ids_host = torch.zeros(width, dtype=torch.int64).pin_memory()
         self._pos_host = torch.zeros(width, dtype=torch.int64).pin_memory()
         self._lengths_host = torch.zeros(lim.max_batch, dtype=torch.int64).pin_memory()
-        self._logits_host = torch.zeros(lim.max_batch * self.vocab_size, dtype=torch.float32).pin_memory()
+        self._logits_host = torch.zeros(logits_size, dtype=torch.float32).pin_memory()
         self._arange = np.arange(width, dtype=np.int64)
 
         self.stream = torch.cuda.Stream()
@@ -230,7 +233,7 @@ class TrtBackend(Backend):
         started = time.perf_counter()
         if not self.contexts[profile].execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed; see the TensorRT log above")
-        n = rows * self.vocab_size
+        n = rows * min(seq, self.logits_tail) * self.vocab_size
         with self._torch.cuda.stream(self.stream):
             if self._present:
                 self._commit(first, rows, seq)
@@ -246,9 +249,13 @@ class TrtBackend(Backend):
                 present = self._present[name.replace("past_", "present_")]
                 cache[first + r, :, s:s + seq].copy_(present[first + r, :, s:s + seq])
 
+    def read_tail_logits(self) -> np.ndarray:
+        _, _, rows, seq = self._step
+        tail = min(seq, self.logits_tail)
+        return self._logits_host.numpy()[:rows * tail * self.vocab_size].reshape(rows, tail, self.vocab_size)
+
     def read_logits(self) -> np.ndarray:
-        _, _, rows, _ = self._step
-        return self._logits_host.numpy()[:rows * self.vocab_size].reshape(rows, self.vocab_size)
+        return self.read_tail_logits()[:, -1]
 
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
         torch = self._torch

@@ -34,7 +34,7 @@ def test_fp16_engine_for_every_architecture(arch, checkpoint_dir, tmp_path):
     else:
         assert layers["ATTENTION_INPUT"] == layers["ATTENTION_OUTPUT"] == layers_count
         assert "SOFTMAX" not in layers
-    assert result.tensorrt["targets"] == list(TWO_TARGETS) and result.tensorrt["num_profiles"] == 2
+    assert result.tensorrt["targets"] == list(TWO_TARGETS) and result.tensorrt["num_profiles"] == 3  # + verify
     assert result.tensorrt["unused_inputs"] == []
 
 
@@ -52,8 +52,11 @@ def test_manifest_is_complete(checkpoint_dir, tmp_path):
     assert _graph_input_type(out / "model.onnx", "past_key.0") == twin
     assert _graph_input_type(out / "model.trt.onnx", "past_key.0") == "float16"
     assert m["build"]["compute_capabilities"] == list(TWO_TARGETS)
-    assert [len(p["input_ids"]) for p in m["tensorrt"]["profiles"]] == [3, 3]  # min/opt/max per profile
+    assert [len(p["input_ids"]) for p in m["tensorrt"]["profiles"]] == [3, 3, 3]  # min/opt/max per profile
     assert m["tensorrt"]["profiles"][0]["input_ids"] == [[1, 1], [1, 1], [2, 1]]  # decode: seq 1
+    # speculative verify: the last token + up to logits_tail - 1 drafts (logits_tail 16, capped at max_input_len)
+    assert m["tensorrt"]["profiles"][1]["input_ids"] == [[1, 2], [1, 16], [2, 16]]
+    assert m["build"]["logits_tail"] == 16
     assert {r["name"]: r["matches"] for r in m["passes"]["tensorrt"]}["fuse_attention"] == 2
     assert m["checkpoint"]["source"]["files"][0]["sha256"]
     assert set(m["graph_hashes"]) == {"onnxruntime", "tensorrt"}

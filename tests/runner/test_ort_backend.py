@@ -86,7 +86,9 @@ def test_no_allocation_per_token_and_cache_written_in_place(tiny_engine):
     kv.advance(slot, 4)
     assert np.abs(kv.keys[0][slot, :, :4]).sum() > 0  # the graph wrote straight into our buffer
     assert not kv.keys[0][slot, :, 4:].any()
-    logits_address = logits.ctypes.data
+    buffer = backend._logits.ctypes.data  # the prefill's last position lies inside the same buffer
+    assert buffer <= logits.ctypes.data < buffer + backend._logits.nbytes
+    logits_address = buffer
     for step in range(10):
         logits = backend.step(0, np.array([[5 + step]]))
         kv.advance(slot, 1)

@@ -80,11 +80,12 @@ def test_auto_picks_tensorrt_when_the_verdict_allows(trt_engine_dir, monkeypatch
 
 def test_profiles_decode_first_then_prefill(trt_engine_dir):
     profiles = profiles_from_manifest(EngineDir.load(trt_engine_dir).tensorrt)
-    assert len(profiles) == 2
+    assert len(profiles) == 3
     assert select_profile(profiles, 1, 1) == 0 and select_profile(profiles, 4, 1) == 0  # decode
-    assert select_profile(profiles, 1, 2) == 1 and select_profile(profiles, 1, 32) == 1  # prefill
-    assert select_profile(profiles, 3, 17) == 1
-    with pytest.raises(CapacityError, match=r"33 tokens .*profile 1: rows 1..4, seq 2..32"):
+    assert select_profile(profiles, 1, 2) == 1 and select_profile(profiles, 1, 16) == 1  # verify (logits_tail 16)
+    assert select_profile(profiles, 1, 17) == 2 and select_profile(profiles, 1, 32) == 2  # prefill
+    assert select_profile(profiles, 3, 17) == 2
+    with pytest.raises(CapacityError, match=r"33 tokens .*profile 2: rows 1..4, seq 2..32"):
         select_profile(profiles, 1, 33)
     with pytest.raises(CapacityError, match="5 rows"):
         select_profile(profiles, 5, 1)

@@ -1,0 +1,219 @@
+"""Speculative decoding (engine_builder/runner/speculative/) against plain decoding and HF transformers.
+
+    .venv/bin/python benchmarks/speculative.py [--runs 3] [--max-new-tokens 96] [--work DIR] [--json]
+                                               [--parts copy,draft,worst] [--threads N]
+
+SmolLM2-135M-Instruct, float32 onnxruntime twin, batch 1, greedy; wall time of a whole generate call
+(prefill + decode), medians over --runs after one warm-up each. Every speculative run's tokens are
+checked identical to the plain greedy tokens (the script fails otherwise).
+
+  copy   a copy/edit task (the answer repeats the prompt's paragraph): plain, `--speculative ngram`, and
+         HF transformers' `generate(prompt_lookup_num_tokens=10)` on the same weights (the GGUF dequantized
+         to float32, as our checkpoint) and the same number of threads. Targets: ngram <= 0.5x plain,
+         HF prompt lookup >= 1.5x ngram's time.
+  draft  free text (a story) with an int4 build of the same checkpoint (`convert --quant int4_wo`, or with
+         --draft-quant gguf the GGUF's own Q4_1 blocks) drafting for the float32 target. Target: >= 1.5x.
+  worst  a proposer whose drafts are never accepted (random token ids), adaptive draft length vs plain
+         (target: <= 10 % slower), and a fixed 4 drafts per step for contrast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# the repo root ahead of benchmarks/ (whose passes.py would shadow the passes package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+COPY_TEXT = ("The old lighthouse stood on the northern cliff for two hundred years. Every night its keeper "
+             "climbed the narrow stairs, polished the great lens and lit the lamp, so that ships passing "
+             "through the dark and dangerous strait could find their way home. When the keeper grew old, his "
+             "daughter took over the work, and she kept the light burning through every storm for forty years.")
+COPY_TASK = f"Repeat the following paragraph exactly, word for word:\n\n{COPY_TEXT}"
+STORY_TASK = "Write a short story about a fox who finds a lost key in the forest."
+
+
+def build_engines(work: Path, draft_quant: str = "int4_wo") -> dict[str, Path]:
+    from converters.convert import convert
+    from engine_builder.build.pipeline import build
+    from engine_builder.formats.build_config import BuildConfig, Limits
+    from engine_builder.util.bundled import smollm2_gguf
+
+    limits = Limits(max_batch=1, max_input_len=512, max_seq_len=1024)
+    out = {}
+    for name, quant in (("float32", "none"), ("int4", draft_quant)):
+        name = name if quant in ("none", "int4_wo") else f"int4-{quant}"
+        ckpt, engine = work / f"ckpt-{name}", work / f"engine-{name}"
+        if not ckpt.exists():
+            convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant == "int4_wo" else None)
+        if not engine.exists():
+            build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
+        out[name.split("-")[0]] = engine
+    return out
+
+
+def timed(fns: dict, runs: int) -> dict[str, tuple[float, object]]:
+    """Median seconds of each fn over RUNS runs after one warm-up each, and its last result. The runs
+    interleave (a, b, c, a, b, c...) so a change in the machine's load hits every contender alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, object] = {}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: (statistics.median(times[name]), results[name]) for name in fns}
+
+
+def ours(llm, ids: list[int], max_new_tokens: int):
+    from engine_builder import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
+    return lambda: llm.generate(prompt_token_ids=[ids], params=params)[0]
+
+
+def copy_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
+    import torch
+    import transformers
+
+    from engine_builder import LLM
+    from engine_builder.util.bundled import smollm2_gguf
+
+    plain = LLM(engines["float32"], threads=threads)
+    spec = LLM(engines["float32"], threads=threads, speculative="ngram")
+    ids = plain.encode_chat([{"role": "user", "content": COPY_TASK}])
+
+    torch.set_num_threads(threads)
+    gguf = smollm2_gguf()
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                              dtype=torch.float32).eval()
+    inputs = torch.tensor([ids])
+
+    def hf(**kw):
+        def run():
+            with torch.no_grad():
+                return model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                                      max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                      pad_token_id=0, **kw)[0, len(ids):].tolist()
+        return run
+
+    r = timed({"plain": ours(plain, ids, max_new_tokens), "ngram": ours(spec, ids, max_new_tokens),
+               "hf_lookup": hf(prompt_lookup_num_tokens=10), "hf": hf()}, runs)
+    (t_plain, want), (t_spec, got) = r["plain"], r["ngram"]
+    assert got.token_ids == want.token_ids, "ngram speculation changed the greedy tokens"
+    t_hf_lookup, hf_tokens = r["hf_lookup"]
+    return {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain, "ngram_s": t_spec,
+            "hf_prompt_lookup_s": t_hf_lookup, "hf_greedy_s": r["hf"][0], "ngram_vs_plain": t_spec / t_plain,
+            "hf_prompt_lookup_vs_ngram": t_hf_lookup / t_spec,
+            "hf_tokens_equal_ours": hf_tokens == list(want.token_ids),
+            "speculative": spec.generator.stats.to_json(), "text": want.text[:120]}
+
+
+def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
+    from engine_builder import LLM
+    from engine_builder.runner.speculative import SpeculativeConfig
+
+    plain = LLM(engines["float32"], threads=threads)
+    ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
+    specs = {label: LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
+        "draft", draft_engine=str(engines["int4"]), num_draft_tokens=k))
+        for label, k in (("adaptive", None), ("k4", 4))}
+    r = timed({"plain": ours(plain, ids, max_new_tokens),
+               "int4_alone": ours(LLM(engines["int4"], threads=threads), ids, max_new_tokens),
+               **{label: ours(llm, ids, max_new_tokens) for label, llm in specs.items()}}, runs)
+    t_plain, want = r["plain"]
+    out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain,
+           "int4_alone_s": r["int4_alone"][0]}
+    for label, llm in specs.items():
+        t_spec, got = r[label]
+        assert got.token_ids == want.token_ids, "draft speculation changed the greedy tokens"
+        out[f"draft_{label}_s"] = t_spec
+        out[f"speedup_{label}"] = t_plain / t_spec
+        out[f"speculative_{label}"] = llm.generator.stats.to_json()
+    out["text"] = want.text[:120]
+    return out
+
+
+class NeverAccepted:
+    """Drafts random token ids: with 49152 of them, practically never the target's token."""
+
+    name = "never"
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._rng = np.random.default_rng(0)
+
+    def propose(self, request, k: int):
+        from engine_builder.runner.speculative import Proposal
+
+        return Proposal(tuple(int(t) for t in self._rng.integers(1000, 40000, k)))
+
+    def release(self, request) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def worst_case(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
+    from engine_builder import LLM
+    from engine_builder.runner.sampler import Sampler
+    from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator
+
+    plain = LLM(engines["float32"], threads=threads)
+    ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
+    never = {}
+    for label, k in (("adaptive", None), ("k4", 4)):
+        llm = never[label] = LLM(engines["float32"], threads=threads)
+        llm._generator = SpeculativeGenerator(llm.backend, llm.tokenizer, llm.generator.eos_token_ids, Sampler(),
+                                              None, config=SpeculativeConfig("ngram", num_draft_tokens=k),
+                                              proposer=NeverAccepted())
+    r = timed({"plain": ours(plain, ids, max_new_tokens),
+               **{label: ours(llm, ids, max_new_tokens) for label, llm in never.items()}}, runs)
+    t_plain, want = r["plain"]
+    out = {"plain_s": t_plain}
+    for label, llm in never.items():
+        t_spec, got = r[label]
+        assert got.token_ids == want.token_ids, "rejected drafts changed the greedy tokens"
+        out[f"{label}_s"] = t_spec
+        out[f"{label}_vs_plain"] = t_spec / t_plain
+        out[f"speculative_{label}"] = llm.generator.stats.to_json()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/trtbuild-bench-speculative"))
+    parser.add_argument("--parts", default="copy,draft,worst")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime and torch threads (default: cores)")
+    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf"),
+                        help="the draft's int4: int4_wo (re-quantized, RTN) or gguf (the GGUF's own Q4_1 blocks: "
+                             "the float32 target's exact weights, in int4)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from engine_builder.util.cpu_cores import physical_cores
+
+    threads = args.threads or physical_cores()
+    args.work.mkdir(parents=True, exist_ok=True)
+    engines = build_engines(args.work, args.draft_quant)
+    parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case}
+    results = {"threads": threads, "runs": args.runs, "max_new_tokens": args.max_new_tokens}
+    for name in args.parts.split(","):
+        results[name] = parts[name](engines, args.runs, args.max_new_tokens, threads)
+        if not args.json:
+            print(name, json.dumps(results[name], indent=1), flush=True)
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

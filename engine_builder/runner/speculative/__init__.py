@@ -1,0 +1,43 @@
+"""Speculative decoding: proposers draft tokens, the target verifies k+1 of them in one engine step.
+
+    from engine_builder import LLM
+    llm = LLM("engine-dir", speculative="ngram")                           # prompt lookup
+    llm = LLM("engine-dir", speculative=SpeculativeConfig("draft", draft_engine="int4-engine-dir"))
+
+config.py (what to run), proposer.py (the interface), ngram.py and draft.py (the proposers),
+acceptance.py (greedy match and the rejection-sampling rule), draft_length.py (fixed or adaptive k),
+generator.py (the decode step that verifies), stats.py (acceptance rate, mean accepted length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from engine_builder.runner.backend import Backend
+from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.sampler import Sampler
+from engine_builder.runner.speculative.config import METHODS, SpeculativeConfig
+from engine_builder.runner.speculative.generator import SpeculativeGenerator
+from engine_builder.runner.speculative.proposer import Proposal, Proposer
+from engine_builder.runner.speculative.stats import SpeculativeStats
+
+__all__ = ["METHODS", "Proposal", "Proposer", "SpeculativeConfig", "SpeculativeGenerator", "SpeculativeStats",
+           "speculative_generator"]
+
+
+def speculative_generator(config: SpeculativeConfig, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int],
+                          sampler: Sampler, prefix_cache: PrefixCache | None, *, seed: int | None = None,
+                          threads: int | None = None) -> SpeculativeGenerator:
+    """The generation loop of LLM(..., speculative=config): its proposer opened (a draft engine loaded)."""
+    if config.method == "ngram":
+        from engine_builder.runner.speculative.ngram import NgramProposer
+
+        proposer: Proposer = NgramProposer(config.ngram_max, config.ngram_min)
+    else:
+        from engine_builder.runner.speculative.draft import DraftProposer
+
+        proposer = DraftProposer(config.draft_engine, tokenizer, backend.vocab_size, config.draft_backend,
+                                 threads=threads, seed=seed)
+    return SpeculativeGenerator(backend, tokenizer, eos_token_ids, sampler, prefix_cache, config=config,
+                                proposer=proposer, seed=seed)

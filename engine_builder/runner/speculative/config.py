@@ -1,0 +1,74 @@
+"""How a run speculates: which proposer, how many draft tokens. Checked before any engine is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine_builder.util.errors import InputError
+
+Method = Literal["ngram", "draft"]
+METHODS: tuple[str, ...] = ("ngram", "draft")
+# adaptive mode's ceiling: a verify step of 8 tokens still costs about one decode step on a CPU
+DEFAULT_MAX_DRAFT_TOKENS = 7
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: Method
+    draft_engine: str | None = None  # draft: an engine dir whose tokenizer is the target's
+    # fixed number of draft tokens per verify step; None = adaptive (from the acceptance rate and the
+    # measured cost of a verify step, up to max_draft_tokens; falls back to plain decoding when drafts
+    # keep failing, so the worst case stays close to decoding without speculation)
+    num_draft_tokens: int | None = None
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS
+    ngram_max: int = 3  # ngram: longest suffix looked up in the prompt and output so far
+    ngram_min: int = 1
+    draft_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.method == "draft" and not self.draft_engine:
+            raise InputError("--speculative draft needs --draft-engine DIR (an engine dir built from a model "
+                             "with the same tokenizer, e.g. an int4 build of the same checkpoint)")
+        if self.method != "draft" and self.draft_engine:
+            raise InputError(f"--draft-engine is only used with --speculative draft, not {self.method}")
+        if self.draft_engine and not (Path(self.draft_engine) / "config.json").is_file():
+            raise InputError(f"--draft-engine {self.draft_engine} is not an engine dir (no config.json); build one "
+                             "with `trtbuild build <ckpt-dir> <draft-dir>`")
+        for name in ("num_draft_tokens", "max_draft_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InputError(f"ngram sizes need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_draft_tokens is None
+
+    @property
+    def draft_cap(self) -> int:
+        return self.num_draft_tokens if self.num_draft_tokens is not None else self.max_draft_tokens
+
+    @classmethod
+    def of(cls, value: SpeculativeConfig | str | None, **fields) -> SpeculativeConfig | None:
+        """LLM(..., speculative=...) accepts a config, a method name, or None (off)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            return cls(value, **fields)  # type: ignore[arg-type]
+        raise InputError(f"speculative must be 'ngram', 'draft' or a SpeculativeConfig, got {type(value).__name__}")
+
+
+def from_flags(method: str | None, draft_engine: str | Path | None = None,
+               num_draft_tokens: int | None = None) -> SpeculativeConfig | None:
+    """`--speculative / --draft-engine / --num-draft-tokens` as one config (None: speculation off)."""
+    if method is None:
+        if draft_engine is not None or num_draft_tokens is not None:
+            raise InputError("--draft-engine and --num-draft-tokens need --speculative ngram|draft")
+        return None
+    return SpeculativeConfig(method, str(draft_engine) if draft_engine is not None else None,  # type: ignore[arg-type]
+                             num_draft_tokens)

@@ -1,0 +1,124 @@
+"""Draft-model proposer: a second, smaller or quantized engine dir with the target's tokenizer drafts k
+tokens autoregressively; the target verifies them in one step.
+
+The draft keeps one KV slot per running request in its own backend. Before drafting it feeds the tokens
+of the request's context it has not seen (the prompt at first, then the tokens the last verify step
+emitted); draft positions that the target rejected are rewound first, so the draft cache always holds a
+prefix of the true context. A request the draft cannot hold (all its slots busy, or a prompt longer
+than its max_seq_len) simply gets no drafts and decodes plainly.
+
+Greedy requests draft the draft's argmax (a one-hot q). Sampled requests draft from the draft's own
+temperature / top-k / top-p / min-p distribution (penalties left out: they only change how often
+drafts survive, never the output distribution) and report it as q for the rejection rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine_builder.runner.backend_choice import open_backend
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.request_state import RequestState
+from engine_builder.runner.sampler import Sampler, SamplingState
+from engine_builder.runner.speculative.acceptance import draw, probabilities
+from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal
+from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
+
+
+class DraftProposer:
+    name = "draft"
+
+    def __init__(self, engine_dir: str | Path, target_tokenizer, target_vocab: int, backend: str = "auto",
+                 threads: int | None = None, seed: int | None = None) -> None:
+        engine = EngineDir.load(engine_dir)
+        tokenizer = engine.load_tokenizer()
+        if tokenizer.get_vocab() != target_tokenizer.get_vocab():
+            raise InputError(f"the draft engine {engine_dir} has another tokenizer than the target; draft with an "
+                             "engine built from a model of the same tokenizer (an int4 build of the same checkpoint)")
+        self.backend, _ = open_backend(engine, backend, threads=threads)
+        if self.backend.vocab_size != target_vocab:
+            raise InputError(f"the draft engine {engine_dir} has {self.backend.vocab_size} logits per token, the "
+                             f"target {target_vocab}; draft with a model of the same vocabulary")
+        if self.backend.reprefill_after is not None:
+            raise UnsupportedError(f"the draft engine {engine_dir} is a longrope model that re-prefills past "
+                                   f"{self.backend.reprefill_after} tokens; draft with another model")
+        self._fed: dict[int, list[int]] = {}  # id(request) -> the tokens its draft slot holds, in order
+        self._states: dict[int, SamplingState] = {}  # id(request) -> its penalty-free sampling warps
+        self._sampler = Sampler()
+        self._rng = np.random.default_rng(seed)
+        self.seconds = 0.0  # time spent drafting, summed
+
+    def propose(self, request: RequestState, k: int) -> Proposal:
+        return self._propose(request, k)
+
+    def _propose(self, request: RequestState, k: int) -> Proposal:
+        kv, key = self.backend.kv, id(request)
+        slot = kv.slot_of(key)
+        if slot is None:
+            if not kv.num_free:
+                return NO_PROPOSAL
+            try:
+                slot = kv.allocate(key, len(request.prompt_ids), request.params.max_new_tokens)
+            except CapacityError:  # longer than the draft's max_seq_len: this request decodes plainly
+                return NO_PROPOSAL
+            self._fed[key] = []
+        context = request.prompt_ids + request.token_ids
+        fed = self._fed[key]
+        common = 0
+        for a, b in zip(fed, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)  # feed at least one token: its logits start the draft
+        if common < len(fed):
+            kv.rewind(slot, common)  # the rejected draft positions: zeroed, length back
+            del fed[common:]
+        # self.seconds is what the adaptive draft length weighs per drafted token: the drafting loop and a
+        # steady-state catch-up (the last verify step's correction or bonus token), not a first prefill or
+        # the catch-up after plain steps, which would make drafting look dear and switch it off for good
+        started = time.perf_counter()
+        steady = len(context) - common <= 2
+        logits = None
+        for start in range(common, len(context), self.backend.max_input_len):
+            chunk = context[start:start + self.backend.max_input_len]
+            logits = self.backend.step(slot, np.asarray([chunk], np.int64))  # [1, vocab]
+            kv.advance(slot, len(chunk))
+            fed += chunk
+        if not steady:
+            started = time.perf_counter()
+        greedy = request.params.greedy
+        state = None if greedy else self._states.get(key)
+        if state is None and not greedy:
+            state = self._states[key] = SamplingState(dataclasses.replace(
+                request.params, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0),
+                (), self.backend.vocab_size)
+        rng = request.sampling.rng if request.sampling.rng is not None else self._rng
+        tokens, probs = [], []
+        for j in range(k):
+            if greedy:
+                token = int(np.argmax(logits[0]))
+            else:
+                q = probabilities(self._sampler.process(logits, [state])[0])
+                token = draw(q, rng)
+                probs.append(q)
+            tokens.append(token)
+            if j + 1 < k:
+                logits = self.backend.step(slot, np.asarray([[token]], np.int64))
+                kv.advance(slot, 1)
+                fed.append(token)
+        self.seconds += time.perf_counter() - started
+        return Proposal(tuple(tokens), np.stack(probs) if probs else None)
+
+    def release(self, request: RequestState) -> None:
+        slot = self.backend.kv.slot_of(id(request))
+        if slot is not None:
+            self.backend.release(slot)
+        self._fed.pop(id(request), None)
+        self._states.pop(id(request), None)
+
+    def close(self) -> None:
+        self.backend.close()

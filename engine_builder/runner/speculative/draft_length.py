@@ -1,0 +1,95 @@
+"""How many tokens to draft before a verify step: fixed, or adaptive to acceptance and measured cost.
+
+Adaptive: each request keeps decayed counts of accepted and rejected drafts, which give alpha, the
+chance a draft token survives (a geometric model: a verify step with k drafts yields
+(1 - alpha^(k+1)) / (1 - alpha) tokens). A step's cost is measured, not assumed: the wall time of a
+plain one-token step (t1), the extra time per verified token (slope), and the proposer's time per
+drafted token. k is the value in 0..cap with the most tokens per second; 0 means a plain decode step.
+When drafts keep failing, k drops to 0 and only a short probe every PROBE_EVERY plain steps checks
+whether the text became predictable again, so the worst case stays close to plain decoding. A plain
+step every REMEASURE_EVERY steps keeps t1 current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DECAY = 0.85  # weight of the past in alpha's counts: about the last 7 verify steps decide
+PROBE_EVERY = 16
+REMEASURE_EVERY = 64
+EMA = 0.2
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds, shared by a generator's requests (one engine, one machine)."""
+
+    t1: float | None = None  # a plain one-token decode step, sampling included
+    slope: float | None = None  # extra seconds per token in a verify step
+    draft_token: float = 0.0  # proposer seconds per drafted token
+
+    def observe_plain(self, seconds: float) -> None:
+        self.t1 = seconds if self.t1 is None else (1 - EMA) * self.t1 + EMA * seconds
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        if self.t1 is None or tokens < 2:
+            return
+        slope = max(0.0, (seconds - self.t1) / (tokens - 1))
+        self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
+
+    def observe_proposal(self, drafted: int, seconds: float) -> None:
+        if drafted:
+            per = seconds / drafted
+            self.draft_token = per if self.draft_token == 0.0 else (1 - EMA) * self.draft_token + EMA * per
+
+    def verify(self, tokens: int) -> float:
+        t1 = self.t1 or 0.0
+        slope = self.slope if self.slope is not None else 0.1 * t1  # a prior until the first verify step
+        return t1 + slope * (tokens - 1)
+
+
+@dataclass
+class DraftLength:
+    """One request's draft length controller."""
+
+    cap: int
+    adaptive: bool
+    accepted: float = 1.0  # a weak prior: alpha 0.5 before any verify step
+    rejected: float = 1.0
+    plain_run: int = 0  # plain steps chosen in a row
+    since_plain: int = field(default=0)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def choose(self, costs: StepCosts, limit: int) -> int:
+        """Draft tokens for the next step (0 = plain decode), at most min(cap, limit)."""
+        cap = min(self.cap, limit)
+        if cap < 1:
+            return 0
+        if not self.adaptive:
+            return cap
+        if costs.t1 is None or self.since_plain >= REMEASURE_EVERY:
+            return 0  # measure a plain step first
+        alpha = min(self.alpha, 0.999)
+        best_k, best_rate = 0, 1.0 / max(costs.t1, 1e-9)
+        for k in range(1, cap + 1):
+            tokens = (1 - alpha ** (k + 1)) / (1 - alpha)
+            rate = tokens / max(costs.verify(k + 1) + k * costs.draft_token, 1e-9)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0 and self.plain_run >= PROBE_EVERY:
+            return min(2, cap)  # a cheap probe: has the text become predictable again?
+        return best_k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """After a verify step of `drafted` tokens of which the first `accepted` survived (0 drafted: plain)."""
+        if drafted == 0:
+            self.plain_run += 1
+            self.since_plain = 0
+            return
+        self.plain_run = 0
+        self.since_plain += 1
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)

@@ -1,0 +1,158 @@
+"""The generation loop with speculative decoding: Generator whose decode step verifies drafts.
+
+For each running request, a proposer (ngram.py, draft.py) offers up to k tokens; the target engine then
+runs ONE step over [last token, d1..dk] at the request's cache length (the graph's logits_tail gives the
+logits of all k+1 positions) and acceptance.py decides, position by position, which tokens survive: the
+accepted drafts, then the target's own token (a correction, or a bonus after k accepted drafts). Each
+emitted token goes through the same `_accept` as plain decoding (stop tokens, stop strings, max tokens,
+logprobs, streaming events), so those behave exactly as without speculation.
+
+KV rollback: the step writes all k+1 positions, but the slot's length advances only by the tokens that
+were kept; rejected positions lie past the length, masked, and the next step overwrites them first
+(tests/runner/test_speculative_verify.py). The cache manager never counts them, so nothing leaks.
+
+Requests verify one at a time (each its own engine call: rows of different draft lengths would need
+padding); requests with no drafts this step share one plain batched decode step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine_builder.runner.backend import Backend
+from engine_builder.runner.generate import Generator
+from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.request_state import Event, RequestState, StepClock
+from engine_builder.runner.sampler import Sampler
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.speculative.acceptance import bonus_token, verify_token
+from engine_builder.runner.speculative.config import SpeculativeConfig
+from engine_builder.runner.speculative.draft_length import DraftLength, StepCosts
+from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal, Proposer
+from engine_builder.runner.speculative.stats import SpeculativeStats
+from engine_builder.util.errors import UnsupportedError
+
+
+class SpeculativeGenerator(Generator):
+    def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int], sampler: Sampler,
+                 prefix_cache: PrefixCache | None, *, config: SpeculativeConfig, proposer: Proposer,
+                 seed: int | None = None) -> None:
+        super().__init__(backend, tokenizer, eos_token_ids, sampler, prefix_cache)
+        if backend.logits_tail < 2:
+            raise UnsupportedError("this engine's steps return the last position's logits only, so it cannot verify "
+                                   "drafts; rebuild it with this trtbuild (`trtbuild build <ckpt-dir> <engine-dir> "
+                                   "--force`, logits_tail 16 by default)")
+        self.config, self.proposer = config, proposer
+        # k drafts + the last token must fit one step's logits and one multi-token step
+        self.cap = max(0, min(config.draft_cap, backend.logits_tail - 1, backend.max_input_len - 1))
+        self.costs = StepCosts()
+        self.stats = SpeculativeStats(proposer.name)
+        self._lengths: dict[int, DraftLength] = {}  # id(request) -> its draft length controller
+        self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
+
+    def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]):
+        self.stats = SpeculativeStats(self.proposer.name)  # per run, like Generator.timings
+        return super().start(prompts, params)
+
+    def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
+        plain: dict[int, RequestState] = {}
+        for slot in sorted(active):
+            r = active[slot]
+            control = self._lengths.setdefault(id(r), DraftLength(self.cap, self.config.adaptive))
+            k = control.choose(self.costs, self._room(r))
+            proposal = NO_PROPOSAL
+            if k:
+                started, before = time.perf_counter(), getattr(self.proposer, "seconds", None)
+                proposal = self.proposer.propose(r, k)
+                spent = time.perf_counter() - started if before is None else self.proposer.seconds - before
+                self.costs.observe_proposal(len(proposal.tokens), spent)
+            if not proposal.tokens:
+                control.observe(0, 0)
+                plain[slot] = r
+                continue
+            accepted = self._verify(r, proposal, events, clock)
+            control.observe(len(proposal.tokens), accepted)
+            if r.slot is None:
+                del active[slot]
+        if len(plain) == 1:
+            (slot, r), = plain.items()
+            self._verify(r, NO_PROPOSAL, events, clock)  # one row at its own slot: a plain step, timed as t1
+            if r.slot is None:
+                del active[slot]
+        elif plain:
+            running, started = list(plain), time.perf_counter()
+            super().decode(plain, events, clock)  # one batched step; verified rows ride along harmlessly
+            self.costs.observe_plain(time.perf_counter() - started)  # a batch of one-token rows costs about t1
+            self.stats.plain_steps += 1
+            for slot in running:
+                if slot not in plain:  # finished in that step
+                    del active[slot]
+
+    def _room(self, r: RequestState) -> int:
+        """Most drafts r may take now: its remaining tokens (the step then writes at most up to the slot's
+        reservation, prompt + max_new_tokens), and before a longrope switch."""
+        limit = r.params.max_new_tokens - len(r.token_ids)
+        switch = self.backend.reprefill_after
+        length = self.backend.kv.length(r.slot)
+        if switch is not None and length < switch:  # every position of the step must use the same rope table
+            limit = min(limit, switch - length - 1)
+        return limit
+
+    def _verify(self, r: RequestState, proposal: Proposal, events: list[Event], clock: StepClock | None) -> int:
+        """One engine step over [last token, *drafts] at r's slot; emits the kept tokens; how many drafts survived."""
+        started, execute_before = time.perf_counter(), self.backend.execute_seconds
+        slot, drafts = r.slot, proposal.tokens
+        ids = np.empty((1, len(drafts) + 1), np.int64)
+        ids[0, 0] = self._next_ids[slot, 0]
+        ids[0, 1:] = drafts
+        self.backend.bind(slot, ids)
+        self.backend.execute()
+        logits = self.backend.read_tail_logits()[0]  # [k+1, vocab]: position i predicts the token after ids[i]
+        greedy = r.params.greedy
+        rng = r.sampling.rng if r.sampling.rng is not None else self._rng
+        accepted = emitted = 0
+        for i in range(len(drafts) + 1):
+            raw = logits[i:i + 1]  # [1, vocab]
+            processed = self.sampler.process(raw, [r.sampling])  # penalties see every token kept so far
+            if i < len(drafts):
+                q = None if proposal.probs is None else proposal.probs[i]
+                token, kept = verify_token(processed[0], drafts[i], q, greedy, rng)
+            else:
+                token, kept = bonus_token(processed[0], greedy, rng), False
+            logprobs = None
+            if r.logprobs is not None:
+                logprobs = self.sampler._logprobs(raw, processed, np.array([token]), [r.sampling])[0]
+            self.backend.kv.advance(slot, 1)  # ids[i] is context now: the cache keeps its position
+            accepted += kept
+            emitted += 1
+            self._accept(r, token, logprobs, events)
+            if not kept or r.slot is None:
+                break
+        seconds = time.perf_counter() - started
+        if drafts:
+            self.costs.observe_verify(len(drafts) + 1, seconds)
+            self.stats.verify_steps += 1
+            self.stats.draft_tokens += len(drafts)
+            self.stats.accepted_tokens += accepted
+            self.stats.emitted_tokens += emitted
+        else:
+            self.costs.observe_plain(seconds)
+            self.stats.plain_steps += 1
+        if clock is not None:
+            clock.decode += seconds
+            clock.execute += self.backend.execute_seconds - execute_before
+            clock.decode_tokens += emitted
+            clock.decode_steps += 1
+        return accepted
+
+    def release(self, r: RequestState) -> None:
+        self.proposer.release(r)
+        self._lengths.pop(id(r), None)
+        super().release(r)
+
+    def close(self) -> None:
+        self.proposer.close()
