@@ -81,7 +81,7 @@ def run(
         from engine_builder.cli.run_embed import run_embed
 
         return run_embed(engine_dir, embed, backend, verify=not no_verify, as_json=as_json)
-    from engine_builder.runner.speculative.config import from_flags
+    from engine_builder.runner.speculative.speculative_config import from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens)  # checked before the engine loads
     text = _read_prompt(prompt)

@@ -47,6 +47,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return torch.softmax(torch.from_numpy(x), dim=-1).numpy()
 
 
+# SamplingParams() leaves temperature to the engine's generation_config.json (greedy without one): a
+# sampling case names its temperature, as a vLLM user's temperature=1.0 default would
 CASES = {
     # temperature 0: greedy rows are only penalized, so the penalty is seen in isolation
     "repetition_penalty": (dict(temperature=0.0, repetition_penalty=1.3),
@@ -54,9 +56,9 @@ CASES = {
     "repetition_reward": (dict(temperature=0.0, repetition_penalty=0.7),
                           lambda: [RepetitionPenaltyLogitsProcessor(0.7)]),
     "temperature": (dict(temperature=0.7), lambda: [TemperatureLogitsWarper(0.7)]),
-    "top_k": (dict(top_k=20), lambda: [TopKLogitsWarper(20)]),
-    "top_p": (dict(top_p=0.8), lambda: [TopPLogitsWarper(0.8)]),
-    "min_p": (dict(min_p=0.05), lambda: [MinPLogitsWarper(0.05)]),
+    "top_k": (dict(temperature=1.0, top_k=20), lambda: [TopKLogitsWarper(20)]),
+    "top_p": (dict(temperature=1.0, top_p=0.8), lambda: [TopPLogitsWarper(0.8)]),
+    "min_p": (dict(temperature=1.0, min_p=0.05), lambda: [MinPLogitsWarper(0.05)]),
     "all": (dict(repetition_penalty=1.2, temperature=0.6, top_k=50, top_p=0.9, min_p=0.02),
             lambda: [RepetitionPenaltyLogitsProcessor(1.2), TemperatureLogitsWarper(0.6), TopKLogitsWarper(50),
                      TopPLogitsWarper(0.9), MinPLogitsWarper(0.02)]),
@@ -81,7 +83,7 @@ def test_each_row_gets_its_own_params_like_separate_hf_runs():
         (dict(temperature=1.3, top_k=5), [TemperatureLogitsWarper(1.3), TopKLogitsWarper(5)]),
         (dict(temperature=0.5, top_p=0.5, min_p=0.1), [TemperatureLogitsWarper(0.5), TopPLogitsWarper(0.5),
                                                          MinPLogitsWarper(0.1)]),
-        (dict(repetition_penalty=1.1, top_k=100, top_p=0.95), [RepetitionPenaltyLogitsProcessor(1.1),
+        (dict(temperature=1.0, repetition_penalty=1.1, top_k=100, top_p=0.95), [RepetitionPenaltyLogitsProcessor(1.1),
                                                                 TopKLogitsWarper(100), TopPLogitsWarper(0.95)]),
     ]
     logits, ctx = _logits(4, seed=5), _contexts(4, seed=6)
@@ -190,7 +192,7 @@ def test_temperature_sampling_frequencies_follow_the_tempered_softmax():
 def test_sampling_never_leaves_the_top_k_and_keeps_their_ratio():
     base = np.array([3.0, 2.5, 2.0, 1.0, 0.0, -1.0], dtype=np.float32)
     n = 20000
-    states = [SamplingState(SamplingParams(top_k=2), [0], 6) for _ in range(n)]
+    states = [SamplingState(SamplingParams(temperature=1.0, top_k=2), [0], 6) for _ in range(n)]
     tokens = Sampler(seed=7)(np.tile(base, (n, 1)), states).token_ids
     assert set(tokens.tolist()) == {0, 1}
     counts = np.bincount(tokens, minlength=2).astype(np.float64)

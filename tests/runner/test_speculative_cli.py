@@ -9,7 +9,7 @@ import pytest
 from test_cli_run import trtbuild_run
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.runner.speculative.config import from_flags
+from engine_builder.runner.speculative.speculative_config import from_flags
 from engine_builder.util.errors import InputError
 
 PROMPT = "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8 w9 w10 w5 w6 w7"
