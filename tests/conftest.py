@@ -4,6 +4,7 @@ checkpoint / engine dirs / HF reference built once per session."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from runner_engines import GQA_PASSES, build_engine  # noqa: E402
+from runner_engines import GQA_PASSES, add_word_tokenizer, build_engine  # noqa: E402
 from tiny_models import TINY_MODELS, make_tiny_model  # noqa: E402
 
 from converters.convert import convert  # noqa: E402
+from engine_builder.formats.build_config import Limits  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -104,9 +106,27 @@ def minilm_dir() -> Path:
 def minilm_engine(minilm_dir, tmp_path_factory) -> Path:
     """MiniLM float32: a real TensorRT-RTX engine and its onnxruntime twin, max_batch 32."""
     from engine_builder.build.pipeline import build
-    from engine_builder.formats.build_config import BuildConfig, Limits
+    from engine_builder.formats.build_config import BuildConfig
 
     root = tmp_path_factory.mktemp("minilm")
     convert(minilm_dir, root / "ckpt")
     build(root / "ckpt", root / "minilm", BuildConfig(dtype="float32", limits=Limits(32, 256, 256)))
     return root / "minilm"
+
+
+TINY_LIMITS = Limits(max_batch=2, max_input_len=32, max_seq_len=96)
+# enough of a chat template for /v1/chat/completions: one line per message, then the assistant's turn
+TINY_CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}assistant"
+
+
+@pytest.fixture(scope="session")
+def tiny_serve_engine(tiny_model_dir, tmp_path_factory) -> Path:
+    """A tiny random Llama engine (word tokenizer "w0".."w319", a chat template; max_batch 2, max_input_len 32,
+    max_seq_len 96), built in seconds: the server and router tests' engine where no real model is needed."""
+    root = tmp_path_factory.mktemp("tiny-serve")
+    hf = root / "hf"
+    shutil.copytree(tiny_model_dir("llama"), hf)
+    add_word_tokenizer(hf, 320)
+    (hf / "chat_template.jinja").write_text(TINY_CHAT_TEMPLATE)
+    convert(hf, root / "ckpt", dtype="float32")
+    return build_engine(root / "ckpt", root / "engine", TINY_LIMITS)

@@ -151,7 +151,7 @@ def test_a_stream_whose_replica_dies_before_its_first_byte_is_served_by_another(
     router.wait_healthy(victim.url)
 
 
-def test_no_backend_left_is_a_503_in_the_api_shape(router_engine):
+def test_no_backend_left_is_a_503_in_the_api_shape(tiny_serve_engine):
     router = Router([f"http://127.0.0.1:{free_port()}"], "least-load")  # nothing listens there
     try:
         with openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0) as c:
