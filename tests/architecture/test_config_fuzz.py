@@ -55,6 +55,13 @@ def _mutated(config: dict, data) -> dict:
     return config
 
 
+def _copy_with_mutated_config(src: Path, dst: Path, data) -> Path:
+    """DST: a copy of model dir SRC whose config.json has a few values replaced or deleted (_mutated)."""
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(_mutated(json.loads((src / "config.json").read_text()), data)))
+    return dst
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
     """(the tiny llama's HF dir, its checkpoint dir without the weights file)."""
@@ -70,10 +77,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 @SETTINGS
 @given(data=st.data())
 def test_any_checkpoint_config_is_a_build_or_one_line(tmp_path, tiny, data):
-    ckpt = Path(tmp_path) / "ckpt"
-    shutil.copytree(tiny[1], ckpt, dirs_exist_ok=True)
-    config = _mutated(json.loads((tiny[1] / "config.json").read_text()), data)
-    (ckpt / "config.json").write_text(json.dumps(config))
+    ckpt = _copy_with_mutated_config(tiny[1], Path(tmp_path) / "ckpt", data)
     out = Path(tmp_path) / "engine"
     assert_exit_0_or_one_line(["build", str(ckpt), str(out), "--force"])
     assert not out.exists(), "a failed build must leave no output"
@@ -82,10 +86,7 @@ def test_any_checkpoint_config_is_a_build_or_one_line(tmp_path, tiny, data):
 @SETTINGS
 @given(data=st.data())
 def test_any_hf_config_is_a_checkpoint_or_one_line(tmp_path, tiny, data):
-    hf = Path(tmp_path) / "hf"
-    shutil.copytree(tiny[0], hf, dirs_exist_ok=True)
-    config = _mutated(json.loads((tiny[0] / "config.json").read_text()), data)
-    (hf / "config.json").write_text(json.dumps(config))
+    hf = _copy_with_mutated_config(tiny[0], Path(tmp_path) / "hf", data)
     assert_exit_0_or_one_line(["convert", str(hf), str(Path(tmp_path) / "ckpt"), "--force"])
 
 
