@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import pytest
 from cli_process import assert_user_error, trtbuild
 
 SMOL = ("--max-batch", "4", "--max-input-len", "128", "--max-seq-len", "256")
@@ -26,7 +26,11 @@ def test_plan_predicts_the_build_of_the_bundled_model(smollm2_gguf, smollm2_ckpt
     built = trtbuild("-q", "build", smollm2_ckpt, out, "--target", "onnxruntime", "--dtype", "float32", *SMOL, "--json")
     assert built.returncode == 0, built.stderr
     measured = json.loads(built.stdout)["peak_rss_bytes"]
-    assert plan["build_peak_bytes"] == pytest.approx(measured, rel=0.2), (plan["build_peak_bytes"], measured)
+    # 20 %, but never tighter than 16 MB: a build this small is ~25 MB of Python objects, and how much of
+    # that is resident depends on the kernel's transparent-huge-page policy, not on the model (the same
+    # build measured 23.7 MB with THP "madvise" and 36.4 MB on the CI machine)
+    slack = max(0.2 * measured, 16e6)
+    assert abs(plan["build_peak_bytes"] - measured) <= slack, (plan["build_peak_bytes"], measured, _thp())
 
 
 def test_plan_of_a_quantized_conversion_is_its_exact_size(model_dir, tmp_path):
@@ -46,6 +50,13 @@ def test_plan_refuses_what_build_would(model_dir):
     assert_user_error(trtbuild("plan", model_dir("llama"), "--cc", "sm90"), "cannot target sm90")
     assert_user_error(trtbuild("plan", model_dir("llama"), "--quant", "int4_wo", "--group-size", "128"),
                       "--group-size 128 does not divide")
+
+
+def _thp() -> str:
+    try:
+        return "THP " + Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        return "THP unknown"
 
 
 def _header(ckpt) -> int:
