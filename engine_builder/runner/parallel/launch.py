@@ -9,6 +9,7 @@ subprocesses of this same command line so the code path is identical.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,7 +56,13 @@ def spawn_ranks(world_size: int, argv: list[str] | None = None) -> int:
     args = [sys.executable, "-m", "engine_builder.cli", *(sys.argv[1:] if argv is None else argv)]
     base = {**os.environ, "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    procs = []
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: object) -> None:  # a stop request goes to rank 0, which stops the others
+        if procs:
+            procs[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for rank in range(world_size):
             env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
@@ -72,7 +79,9 @@ def spawn_ranks(world_size: int, argv: list[str] | None = None) -> int:
                 worst = worst or 1
         return code or worst
     finally:
-        for p in procs:  # Ctrl-C or an error here: no rank outlives the launcher
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for p in procs:  # an error here: no rank outlives the launcher
             if p.poll() is None:
                 p.kill()
                 p.wait()
