@@ -85,6 +85,8 @@ def run(
 
     role = launch.role(engine_dir)  # tp/pp engine dirs run one process per rank (runner/parallel/)
     if role == "launcher":
+        if prompt is not None:
+            _read_prompt(prompt)  # a bad prompt fails here, before any rank starts (stdin stays rank 0's)
         raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
     if role == "worker":
         from engine_builder.runner.parallel.worker import follow
