@@ -15,7 +15,6 @@ from converters.convert import convert
 from engine_builder.build.parallel_build import build_parallel
 from engine_builder.formats.build_config import BuildConfig, Limits
 
-
 PROMPT = "w5 w9 w7 w3"
 
 
