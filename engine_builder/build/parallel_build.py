@@ -23,6 +23,7 @@ from typing import Any
 import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
+from engine_builder.build.dtype_choice import choose_dtypes, resolved
 from engine_builder.build.pipeline import BuildResult, manifest_of
 from engine_builder.formats import graph_io as io
 from engine_builder.formats import parallel_mapping as pm
@@ -60,9 +61,9 @@ def build_parallel(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), f
         raise InputError(f"{ckpt} is not a tp/pp checkpoint")
     config.validate()
     lim = config.limits
-    dtype = checkpoint.dtype if config.dtype == "auto" else config.dtype
-    twin = config.twin_dtype or dtype
-    config = dataclasses.replace(config, dtype=dtype, twin_dtype=twin, logits_tail=1)
+    choice = choose_dtypes(config, checkpoint.dtype, checkpoint.quantization)  # as the single-process build
+    dtype, twin = choice.engine, choice.twin
+    config = dataclasses.replace(resolved(config, choice), logits_tail=1)
     targets = ("onnxruntime", *(t for t in config.targets if t != "onnxruntime"))
     started, peak = time.perf_counter(), PeakRss()
     reports: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
@@ -90,7 +91,7 @@ def build_parallel(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), f
                              peak_rss_bytes=peak.above_baseline(),
                              tensorrt={**trt_report, "engine_bytes": engine_bytes} if trt_report else None,
                              twin_dtype=twin)
-        manifest = manifest_of(config, result, tmp, model=cfg, mapping=mapping,
+        manifest = manifest_of(config, result, tmp, model=cfg, mapping=mapping, dtype_choice=choice.reason,
                                checkpoint=CheckpointSummary(checkpoint.dtype, checkpoint.quantization,
                                                             checkpoint.source))
         manifest.save(tmp)

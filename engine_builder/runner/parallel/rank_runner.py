@@ -27,6 +27,16 @@ from engine_builder.formats.manifest import EngineManifest
 from engine_builder.runner.kv_cache import _kv_dtype
 from engine_builder.runner.ort_backend import session_options
 from engine_builder.runner.parallel.collectives import Collectives
+from engine_builder.util.errors import UnsupportedError
+
+
+def _session(path: Path, options: ort.SessionOptions, dtype: str) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
+        raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {path}: {str(exc).splitlines()[0]}; "
+                               f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 (or "
+                               "twin_dtype float32) to run on CPU") from None
 
 
 class RankRunner:
@@ -45,8 +55,7 @@ class RankRunner:
         # the next segment's (measured: 48x slower decode steps with 2 threads per pool and spinning on)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.segments = mapping.segments(self.rank, cfg.num_layers)
-        self.sessions = {s.name: ort.InferenceSession(str(Path(engine_dir) / s.file(self.rank)), options,
-                                                      providers=["CPUExecutionProvider"]) for s in self.segments}
+        self.sessions = {s.name: _session(Path(engine_dir) / s.file(self.rank), options, dtype) for s in self.segments}
         local = mapping.local_model(cfg)
         lim = manifest.build.limits
         shape = (lim.max_batch, local.num_kv_heads, lim.max_seq_len, local.head_dim)  # per layer, this rank's heads
