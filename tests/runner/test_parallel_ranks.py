@@ -45,7 +45,8 @@ def parallel_engine(tiny_llama_words, tmp_path_factory):
         if (tp, pp) not in made:
             root = tmp_path_factory.mktemp(f"tp{tp}pp{pp}")
             convert(tiny_llama_words, root / "ckpt", dtype="float32", tp=tp, pp=pp)
-            build_parallel(root / "ckpt", root / "engine", BuildConfig(targets=("onnxruntime",), limits=LIMITS))
+            build_parallel(root / "ckpt", root / "engine",
+                           BuildConfig(targets=("onnxruntime",), dtype="float32", limits=LIMITS))
             made[tp, pp] = root / "engine"
         return made[tp, pp]
 

@@ -24,7 +24,8 @@ def test_tp2_serve_matches_hf(tiny_model_dir, tmp_path):
     add_word_tokenizer(hf, 320)
     convert(hf, tmp_path / "ckpt", dtype="float32", tp=2)
     build_parallel(tmp_path / "ckpt", tmp_path / "engine",
-                   BuildConfig(targets=("onnxruntime",), limits=Limits(max_batch=2, max_input_len=16, max_seq_len=32)))
+                   BuildConfig(targets=("onnxruntime",), dtype="float32",
+                               limits=Limits(max_batch=2, max_input_len=16, max_seq_len=32)))
     model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
     tok = transformers.AutoTokenizer.from_pretrained(hf)
     ids = tok(PROMPT, return_tensors="pt").input_ids
