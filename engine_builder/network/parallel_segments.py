@@ -25,7 +25,7 @@ from onnx_ir.passes.common import ShapeInferencePass
 from engine_builder.formats import graph_io as io
 from engine_builder.formats import parallel_mapping as pm
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes, weights_file
-from engine_builder.formats.parallel_mapping import ParallelMapping, Segment
+from engine_builder.formats.parallel_mapping import Segment
 from engine_builder.network.attention import self_attention
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
 from engine_builder.network.decoder import DTYPES, IR_VERSION, OPSET
@@ -128,7 +128,3 @@ def _embed(b: GraphBuilder, w: CheckpointWeights, input_ids: ir.Value, start: in
 def _input(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
 
-
-def segment_files(mapping: ParallelMapping, rank: int, num_layers: int) -> list[str]:
-    """The graph files of RANK in an engine dir, in execution order."""
-    return [s.file(rank) for s in mapping.segments(rank, num_layers)]
