@@ -1,6 +1,7 @@
 """All-reduce bandwidth at a decode step's message sizes, and the per-token collective cost of tp=2.
 
     .venv/bin/python benchmarks/collectives.py [--backend gloo|nccl] [--world-size 2] [--no-decode] [--json]
+        [--model smollm2|tiny] [--engines DIR [--save-engines]]
     torchrun --nproc-per-node 2 benchmarks/collectives.py --backend nccl --no-decode   (ranks from torchrun)
 
 1. all-reduce (torch.distributed, sum) of the messages a tp decode step sends: hidden x batch activations
@@ -15,6 +16,9 @@
    collective) vs the single-graph onnxruntime engine, and rank 0's time inside collectives per step
    (2 all-reduces per layer + the embedding's + the logits' all-gather). Segments run on onnxruntime CPU;
    with nccl the collectives go through the GPUs.
+
+--engines DIR --save-engines keeps the decode part's engine dirs (single/, tp1/, tp2/) in DIR; --engines DIR alone
+reuses them, e.g. tiny ones (--model tiny, ~1 MB) built here and carried to a GPU machine.
 
 Writes benchmarks/results/collectives-<backend>-<device>.json (device name, driver and NCCL versions on CUDA).
 """
@@ -47,6 +51,11 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SMOL_SHAPED = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                    num_attention_heads=8, num_key_value_heads=2, head_dim=72, max_position_embeddings=2048,
                    rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+# the tests' tiny llama (tests/tiny_models.py): engines of ~0.5 MB, small enough to carry to another machine
+TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+MODELS = {"smollm2": SMOL_SHAPED, "tiny": TINY}
+ENGINE_NAMES = ("single", "tp1", "tp2")
 
 
 # ---- part 1: all-reduce sweep (torch only) ------------------------------------------------------------------
@@ -122,8 +131,8 @@ def _nvidia_smi(args: list[str]) -> str:
 
 
 # ---- part 2: decode step tp=2 vs tp=1 (onnxruntime + trtbuild) ------------------------------------------------
-def make_engines(work: Path) -> dict[str, Path]:
-    """A SmolLM2-shaped random llama as a tp=2 engine, a tp=1 segmented engine and a single-graph engine."""
+def make_engines(work: Path, shape: dict[str, Any]) -> dict[str, Path]:
+    """A random llama of SHAPE as a tp=2 engine, a tp=1 segmented engine and a single-graph engine."""
     import dataclasses
 
     import transformers
@@ -138,7 +147,7 @@ def make_engines(work: Path) -> dict[str, Path]:
 
     hf = work / "hf"
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOL_SHAPED)).save_pretrained(hf)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).save_pretrained(hf)
     config = BuildConfig(targets=("onnxruntime",), dtype="float32",
                          limits=Limits(max_batch=8, max_input_len=64, max_seq_len=256))
     convert(hf, work / "ckpt1", dtype="float32")
@@ -226,10 +235,17 @@ def single_graph_decode(engine: Path, batches: tuple[int, ...], steps: int, thre
     return result
 
 
-def run_decode(backend: str, batches: tuple[int, ...], steps: int) -> dict[str, Any]:
+def run_decode(backend: str, batches: tuple[int, ...], steps: int, model: str, engines_dir: Path | None,
+               save_engines: bool) -> dict[str, Any]:
+    """ENGINES_DIR: reuse (or with SAVE_ENGINES, write) its single/, tp1/, tp2/ engine dirs instead of a temp dir."""
     cores = len(os.sched_getaffinity(0))
+    shape = MODELS[model]
     with tempfile.TemporaryDirectory(prefix="collectives-") as tmp:
-        engines = make_engines(Path(tmp))
+        work = engines_dir if engines_dir is not None else Path(tmp)
+        if engines_dir is None or save_engines:
+            engines = make_engines(work, shape)
+        else:
+            engines = {name: work / name for name in ENGINE_NAMES}
         single = single_graph_decode(engines["single"], batches, steps, cores)
         ctx = mp.get_context("spawn")
         results = {}
@@ -247,8 +263,8 @@ def run_decode(backend: str, batches: tuple[int, ...], steps: int) -> dict[str, 
                       "tp2_step_ms": tp2["step_ms"], "tp2_collective_ms_per_step": tp2["collective_ms_per_step"],
                       "tp2_over_tp1": round(tp2["step_ms"] / tp1["step_ms"], 3),
                       "collective_share_of_tp2_step": round(tp2["collective_ms_per_step"] / tp2["step_ms"], 3)}
-    return {"model": {k: v for k, v in SMOL_SHAPED.items() if k not in ("bos_token_id", "eos_token_id")},
-            "collectives_per_step": f"{2 * SMOL_SHAPED['num_hidden_layers'] + 1} all-reduces + 1 all-gather",
+    return {"model": model, "shape": {k: v for k, v in shape.items() if k not in ("bos_token_id", "eos_token_id")},
+            "collectives_per_step": f"{2 * shape['num_hidden_layers'] + 1} all-reduces + 1 all-gather",
             "cores": cores, "threads_per_rank": {"tp1": cores, "tp2": max(1, cores // 2)}, "steps": steps,
             "by_batch": table}
 
@@ -286,6 +302,11 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--no-decode", action="store_true", help="all-reduce sweep only (torch only)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2",
+                        help="decode part: the SmolLM2-shaped llama, or the tests' tiny one")
+    parser.add_argument("--engines", type=Path, help="decode part: reuse the single/ tp1/ tp2/ engine dirs here "
+                                                     "(built elsewhere, e.g. carried to a GPU machine)")
+    parser.add_argument("--save-engines", action="store_true", help="build the engines into --engines (kept)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     under_torchrun = "RANK" in os.environ
@@ -303,10 +324,12 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "collectives", "world_size": world, "date": time.strftime("%Y-%m-%d"),
                               "device": device_info(args.backend), "allreduce": rows}
     if not args.no_decode and not under_torchrun:
-        result["decode_tp2_vs_tp1"] = run_decode(args.backend, tuple(args.batch), args.decode_steps)
+        result["decode_tp2_vs_tp1"] = run_decode(args.backend, tuple(args.batch), args.decode_steps, args.model,
+                                                 args.engines, args.save_engines)
     RESULTS.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", str(result["device"]["device"]).lower()).strip("-")
-    path = RESULTS / f"collectives-{args.backend}-{slug}.json"
+    suffix = "" if args.no_decode or args.model == "smollm2" else f"-{args.model}"
+    path = RESULTS / f"collectives-{args.backend}-{slug}{suffix}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result))
@@ -317,7 +340,7 @@ def main() -> None:
               f"busbw {r['busbw_GBps']:.3f} GB/s")
     decode = result.get("decode_tp2_vs_tp1")
     if decode:
-        print(f"decode step, SmolLM2-shaped llama, {decode['collectives_per_step']} per step:")
+        print(f"decode step, {decode['model']} llama, {decode['collectives_per_step']} per step:")
         for key, row in decode["by_batch"].items():
             print(f"  {key}: single graph {row['single_graph_step_ms']} ms, tp=1 segmented "
                   f"{row['tp1_segmented_step_ms']} ms, tp=2 {row['tp2_step_ms']} ms (x{row['tp2_over_tp1']}), "
