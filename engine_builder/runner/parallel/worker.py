@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from engine_builder.runner.engine import EngineDir
@@ -18,6 +21,9 @@ def follow(engine_dir: Path, verify: bool = True, threads: int | None = None, co
     comm = comm or Collectives(mapping)
     runner = RankRunner(engine.path, engine.manifest, comm, threads or default_threads(comm))
     steps = 0
+    # Ctrl-C in a terminal reaches every rank; a follower stops when rank 0 says STOP (or goes away), not before
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         while True:
             op, a, b, c = (int(v) for v in comm.broadcast_ints(None, HEADER))
@@ -34,6 +40,10 @@ def follow(engine_dir: Path, verify: bool = True, threads: int | None = None, co
                 runner.zero_rows(a, b)
             else:
                 raise RuntimeError(f"unknown driver command {op}")
+    except RuntimeError as exc:  # gloo / NCCL: the driver's connection closed (it crashed or was killed)
+        print(f"rank {comm.rank}: lost rank 0 after {steps} steps ({str(exc).splitlines()[0]}); stopping",
+              file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         runner.close()
         comm.close()
