@@ -65,14 +65,16 @@ class BlockPool:
 
     @classmethod
     def for_budget(cls, layout: PagedKVLayout, kv_cache_memory: int | None = None,
-                   min_blocks: int = 2) -> BlockPool:
-        """As many blocks as kv_cache_memory bytes hold (default: a quarter of the available RAM), at least
-        min_blocks."""
+                   min_blocks: int = 2, max_blocks: int | None = None) -> BlockPool:
+        """As many blocks as kv_cache_memory bytes hold (default: a quarter of the available RAM, up to
+        max_blocks), at least min_blocks."""
         if kv_cache_memory is None:
             kv_cache_memory = int(available_ram() * DEFAULT_RAM_FRACTION)
         if isinstance(kv_cache_memory, bool) or not isinstance(kv_cache_memory, int) or kv_cache_memory < 1:
             raise InputError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         blocks = kv_cache_memory // layout.bytes_per_block
+        if max_blocks is not None:
+            blocks = min(blocks, max_blocks)
         if blocks < min_blocks:
             raise CapacityError(f"kv_cache_memory {kv_cache_memory} bytes holds {blocks} KV blocks of "
                                 f"{layout.bytes_per_block} bytes, fewer than the {min_blocks} needed; give at "

@@ -46,8 +46,9 @@ class PagedKVCacheManager:
     def for_layout(cls, layout: PagedKVLayout, batch_slots: int, kv_cache_memory: int | None = None,
                    prefix_cache: bool = True) -> PagedKVCacheManager:
         """A pool of kv_cache_memory bytes (default: a fraction of the available RAM) holding at least one
-        full sequence."""
-        pool = BlockPool.for_budget(layout, kv_cache_memory, min_blocks=layout.max_blocks_per_seq + 1)
+        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks)."""
+        pool = BlockPool.for_budget(layout, kv_cache_memory, min_blocks=layout.max_blocks_per_seq + 1,
+                                    max_blocks=layout.max_pool_blocks(batch_slots))
         return cls(layout, batch_slots, pool, prefix_cache)
 
     @property
