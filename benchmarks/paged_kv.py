@@ -141,6 +141,16 @@ def main() -> None:
                 steps[name, batch] += decode_steps(backend, batch, args.context, args.steps)
     layout = paged_engine.twin_paged_layout
     pool_blocks = backends["paged"].kv.pool.num_blocks
+    # the in-place check: a 4x larger pool must not slow a step (a copied pool would cost its bytes per step)
+    big = PagedOrtBackend(paged_engine, threads=args.threads,
+                          kv_cache_memory=layout.bytes_per_block * layout.max_pool_blocks(max_batch))
+    small_ms, big_ms = [], []
+    for _ in range(args.runs):
+        small_ms += decode_steps(backends["paged"], 1, args.context, args.steps)
+        big_ms += decode_steps(big, 1, args.context, args.steps)
+    in_place = {"pool_blocks": [pool_blocks, big.kv.pool.num_blocks],
+                "pool_mib": [backends["paged"].kv.nbytes >> 20, big.kv.nbytes >> 20],
+                "bs1_step_ms": [round(statistics.median(small_ms) * 1e3, 3), round(statistics.median(big_ms) * 1e3, 3)]}
     rows = []
     for batch in args.batch:
         slots_ms = statistics.median(steps["slots", batch]) * 1e3
@@ -150,7 +160,8 @@ def main() -> None:
                      "paged_step_ms": round(paged_ms, 3), "paged_over_slots": round(paged_ms / slots_ms, 4),
                      "gather_ms_per_step": round(gather_ms, 3)})
     if args.json:
-        print(json.dumps({"rows": rows, "block_size": args.block_size, "runs": args.runs, "steps": args.steps}))
+        print(json.dumps({"rows": rows, "block_size": args.block_size, "runs": args.runs, "steps": args.steps,
+                          "in_place": in_place}))
         return
     print(f"SmolLM2-135M float32 twin, context {args.context}, block {args.block_size}, "
           f"medians of {args.runs} x {args.steps} decode steps")
@@ -158,6 +169,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['batch']:>5} {r['slots_step_ms']:>9.2f} {r['paged_step_ms']:>9.2f} "
               f"{r['paged_over_slots']:>11.3f} {r['gather_ms_per_step']:>9.2f}")
+    print(f"in place: batch-1 paged step {in_place['bs1_step_ms'][0]:.2f} ms with a {in_place['pool_mib'][0]} MiB "
+          f"pool, {in_place['bs1_step_ms'][1]:.2f} ms with {in_place['pool_mib'][1]} MiB")
 
 
 if __name__ == "__main__":
