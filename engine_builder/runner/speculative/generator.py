@@ -30,9 +30,9 @@ from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.speculative.acceptance import bonus_token, verify_token
-from engine_builder.runner.speculative.speculative_config import SpeculativeConfig
 from engine_builder.runner.speculative.draft_length import DraftLength, StepCosts
 from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal, Proposer
+from engine_builder.runner.speculative.speculative_config import SpeculativeConfig
 from engine_builder.runner.speculative.stats import SpeculativeStats
 from engine_builder.util.errors import UnsupportedError
 
