@@ -73,8 +73,9 @@ def serve(
     log_format: Annotated[str, typer.Option(help="Access log on stderr, one line per request (method, path, "
                                                  "status, tokens in/out, ms): text or json.")] = "text",
     speculative: Annotated[str | None, typer.Option(help="Speculative decoding for every request: ngram (prompt "
-                                                         "lookup) or draft (--draft-engine); the same tokens at "
-                                                         "temperature 0. Acceptance on /metrics.")] = None,
+                                                         "lookup), draft (--draft-engine) or off; the same tokens at "
+                                                         "temperature 0. Acceptance on /metrics. Default: the "
+                                                         "engine's recipe runtime block, else off.")] = None,
     draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
                                                            "tokenizer, e.g. an int4 build of the model).")] = None,
     num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
@@ -96,7 +97,7 @@ def serve(
     from engine_builder.runner.speculative.speculative_config import from_flags
     from engine_builder.server.http_server import serve as serve_engine
 
-    spec = from_flags(speculative, draft_engine, num_draft_tokens)  # checked before the engine loads
+    spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,

@@ -13,7 +13,7 @@ import pytest
 from cli_process import assert_user_error, trtbuild
 from live_server import live_server, metrics, wait_idle
 
-from engine_builder import LLM, SamplingParams
+from engine_builder import LLM
 
 MODEL = "engine"
 # repetitive prompts: prompt lookup finds continuations in them, and the random model loops back into them
