@@ -4,7 +4,8 @@
     trtbuild_speculative_draft_tokens_total      tokens the proposer drafted and the target verified
     trtbuild_speculative_accepted_tokens_total   of those, tokens the target kept
     trtbuild_speculative_emitted_tokens_total    tokens verify steps produced (accepted + a correction or bonus each)
-    trtbuild_speculative_verify_steps_total      target steps that verified drafts
+    trtbuild_speculative_verify_steps_total      requests' verify steps (a request's drafts checked once)
+    trtbuild_speculative_batched_verify_steps_total  engine steps that verified several requests together
     trtbuild_speculative_plain_steps_total       one-token steps (no drafts, or the adaptive length chose 0)
     trtbuild_speculative_acceptance_rate         accepted / drafted, since start
     trtbuild_speculative_mean_accepted_length    emitted / verify steps: tokens per verify step (1.0: no gain)
@@ -37,7 +38,9 @@ class _SpeculativeCollector(Collector):
                 ("accepted_tokens", s.accepted_tokens, "Drafted tokens the target kept."),
                 ("emitted_tokens", s.emitted_tokens, "Tokens verify steps produced (accepted drafts + the "
                                                      "target's own token each)."),
-                ("verify_steps", s.verify_steps, "Target steps that verified drafts."),
+                ("verify_steps", s.verify_steps, "Requests' verify steps (each request's drafts checked once)."),
+                ("batched_verify_steps", s.batched_verify_steps, "Engine steps that verified several requests' "
+                                                                 "drafts together."),
                 ("plain_steps", s.plain_steps, "One-token steps (no drafts proposed, or the adaptive length chose "
                                                "0).")):
             counter = CounterMetricFamily(f"trtbuild_speculative_{name}", text, labels=["method"])

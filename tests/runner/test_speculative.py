@@ -41,6 +41,8 @@ def test_greedy_tokens_identical_for_both_proposers(tiny_engine, arch, draft_arc
         _same(llm.generate(prompt_token_ids=PROMPTS, params=GREEDY), want)
         stats = llm.generator.stats
         assert stats.verify_steps > 0 and stats.draft_tokens >= stats.accepted_tokens
+        if config.num_draft_tokens:  # both prompts draft at once: one engine step verifies them together
+            assert stats.batched_verify_steps > 0
         if config.draft_engine == str(engine):
             assert stats.acceptance_rate == 1.0 and stats.mean_accepted_length > 2
 

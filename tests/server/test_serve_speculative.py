@@ -82,6 +82,7 @@ def _served_equal_plain(server, plain: LLM, method: str) -> None:
     steps = m[f"trtbuild_speculative_verify_steps_total{label}"]
     assert m[f"trtbuild_speculative_mean_accepted_length{label}"] == pytest.approx(
         m[f"trtbuild_speculative_emitted_tokens_total{label}"] / steps)
+    assert m[f"trtbuild_speculative_batched_verify_steps_total{label}"] > 0  # concurrent requests verified together
     # each verify step emits its accepted drafts and the target's own token, unless the request ended first
     assert accepted < m[f"trtbuild_speculative_emitted_tokens_total{label}"] <= accepted + steps
 
