@@ -117,8 +117,8 @@ class SpeculativeGenerator(Generator):
         if self.backend.reprefill_after is not None:  # a padded row could cross the rope switch
             return False
         width = max(len(p.tokens) for _, _, p in drafted.values()) + 1
-        kv = self.backend.kv
-        return all(kv.length(s) + width <= kv.max_seq for s in range(min(drafted), max(drafted) + 1))
+        kv = self.backend.kv  # lengths, not length(): a free slot between two drafted ones rides along at 0
+        return bool((kv.lengths[min(drafted):max(drafted) + 1] + width <= kv.max_seq).all())
 
     def _verify_batch(self, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]], events: list[Event],
                       clock: StepClock | None) -> None:
