@@ -104,6 +104,10 @@ def build(
         with sigterm_as_interrupt(), build_progress(progress_mode()) as (stage, trt_progress):
             result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
                                       trt_progress=trt_progress, gate=gate)
+    if loaded is not None and loaded.runtime is not None:  # the recipe's runtime defaults (formats/runtime_config.py)
+        from engine_builder.formats.runtime_config import write_runtime
+
+        write_runtime(Path(result.out), loaded.runtime, recipe)
     if as_json:
         import dataclasses
 

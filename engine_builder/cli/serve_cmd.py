@@ -72,6 +72,14 @@ def serve(
                                                                 "starts faster on large engines).")] = False,
     log_format: Annotated[str, typer.Option(help="Access log on stderr, one line per request (method, path, "
                                                  "status, tokens in/out, ms): text or json.")] = "text",
+    speculative: Annotated[str | None, typer.Option(help="Speculative decoding for every request: ngram (prompt "
+                                                         "lookup), draft (--draft-engine) or off; the same tokens at "
+                                                         "temperature 0. Acceptance on /metrics. Default: the "
+                                                         "engine's recipe runtime block, else off.")] = None,
+    draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
+                                                           "tokenizer, e.g. an int4 build of the model).")] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
+                                                              "to the acceptance rate).")] = None,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
@@ -86,8 +94,10 @@ def serve(
       curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
     """
+    from engine_builder.runner.speculative.speculative_config import from_flags
     from engine_builder.server.http_server import serve as serve_engine
 
+    spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
@@ -97,7 +107,7 @@ def serve(
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
-                 verify=not no_verify)
+                 verify=not no_verify, speculative=spec)
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
     # threads take a moment) must not turn exit 0 into death by signal
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

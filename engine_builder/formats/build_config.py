@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from engine_builder.formats.dataclass_io import from_dict
+from engine_builder.formats.runtime_config import RuntimeConfig
 from engine_builder.util.errors import ConfigError
 
 TARGETS = ("tensorrt", "onnxruntime")
@@ -164,6 +165,7 @@ class Recipe:
     quantization: str = "none"
     build: BuildConfig = field(default_factory=BuildConfig)
     fidelity: Fidelity | None = None
+    runtime: RuntimeConfig | None = None  # how the built engine runs by default (runtime_config.py)
 
 
 def load_recipe(path: Path) -> Recipe:
