@@ -36,9 +36,9 @@ def serve(
     max_concurrent_requests: Annotated[int, typer.Option(help="Active requests (running + queued) beyond which "
                                                               "new ones get 429 at once.")]
     = DEFAULT_MAX_CONCURRENT_REQUESTS,
-    max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer gets 422. "
+    max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer is refused. "
                                                               "Default: the engine's max_input_len.")] = None,
-    max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more gets 422. "
+    max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more is refused. "
                                                               "Default: the engine's max_seq_len.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="TRTBUILD_API_KEY", show_envvar=True,
                                                 help="Require `Authorization: Bearer KEY` (401 otherwise); "
@@ -61,12 +61,12 @@ def serve(
                                                         "cancelled: 504, or a timeout event ending its stream.")]
     = DEFAULT_REQUEST_TIMEOUT_S,
     max_top_logprobs: Annotated[int, typer.Option(help="Most alternatives per token (TGI top_n_tokens, OpenAI "
-                                                       "top_logprobs / logprobs); more gets 422.")]
+                                                       "top_logprobs / logprobs); more is refused.")]
     = DEFAULT_MAX_TOP_LOGPROBS,
-    max_stop_sequences: Annotated[int, typer.Option(help="Most stop sequences per request; more gets 422.")]
+    max_stop_sequences: Annotated[int, typer.Option(help="Most stop sequences per request; more is refused.")]
     = DEFAULT_MAX_STOP_SEQUENCES,
-    max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer gets "
-                                                              "422.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer is "
+                                                              "refused.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
                                                                 "sha256 its build recorded (trusted dirs only; "
                                                                 "starts faster on large engines).")] = False,
@@ -87,6 +87,7 @@ def serve(
     Requests are batched in flight: each joins the running batch at the next step and leaves when
     it ends. Requests that leave out temperature follow the model's generation_config.json
     (greedy for most instruct checkpoints); TGI requests follow TGI (greedy unless do_sample).
+    A request over a limit below is refused: 400 on the OpenAI routes, 422 on TGI's.
 
     \b
     Example:
