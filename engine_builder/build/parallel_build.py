@@ -60,6 +60,9 @@ def build_parallel(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), f
     if mapping is None:
         raise InputError(f"{ckpt} is not a tp/pp checkpoint")
     config.validate()
+    if config.kv_layout != "slots":  # each rank's KV cache is its own slot buffers (runner/parallel/rank_runner.py)
+        raise InputError(f"--kv-layout {config.kv_layout} is not supported for a tp/pp checkpoint yet; drop it "
+                         "(tp/pp engines use the slot layout)")
     lim = config.limits
     choice = choose_dtypes(config, checkpoint.dtype, checkpoint.quantization)  # as the single-process build
     dtype, twin = choice.engine, choice.twin
