@@ -28,10 +28,14 @@ def world_size_of(engine_dir: Path) -> int | None:
     """tp * pp of a tp/pp engine dir; None for a single-process dir (or one that fails to load: the normal
     path reports why)."""
     try:
-        mapping = EngineManifest.load(Path(engine_dir)).mapping
+        manifest = EngineManifest.load(Path(engine_dir))
     except TrtbuildError:
         return None
-    return mapping.world_size if mapping is not None else None
+    if manifest.mapping is None:
+        return None
+    if manifest.model is not None:  # a hand-edited mapping fails here, in one line, before any rank starts
+        manifest.mapping.check(manifest.model)
+    return manifest.mapping.world_size
 
 
 def role(engine_dir: Path) -> Role:
