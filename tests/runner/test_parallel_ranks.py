@@ -122,3 +122,19 @@ def test_tp2_pp2_batch_matches_hf(parallel_engine, hf_greedy):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["token_ids"] == [hf_greedy[p] for p in PROMPTS]
     assert "tp=2 pp=2" in result["backend_reason"]
+
+
+def test_tp2_beam_search_matches_the_single_process_engine(parallel_engine, tiny_llama_words, tmp_path):
+    """Beams fork and reorder KV slots: the driver's COPY / ZERO commands reach every rank's cache."""
+    from runner_engines import build_engine
+
+    from engine_builder.runner.llm import LLM
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    convert(tiny_llama_words, tmp_path / "ckpt", dtype="float32")
+    with LLM(build_engine(tmp_path / "ckpt", tmp_path / "engine", LIMITS)) as llm:
+        expected = list(llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=NEW_TOKENS, num_beams=3))[0].token_ids)
+    proc = trtbuild("run", parallel_engine(2, 1), "--prompt", PROMPTS[0], "--max-new-tokens", str(NEW_TOKENS),
+                    "--num-beams", "3", "--json", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["token_ids"] == expected
