@@ -83,9 +83,7 @@ def build_parallel(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), f
                 if "tensorrt" in targets:
                     report = _build_trt_segment(ckpt, tmp, rank, segment, config)
                     engine_bytes += report["engine_bytes"]
-                    trt_report = trt_report or {k: report[k] for k in ("flavour", "trt_version", "targets")}
-                    trt_report.setdefault("segments", {})[segment.file(rank, "engine")] = {
-                        k: report[k] for k in ("engine_bytes", "build_seconds", "engine_layer_types")}
+                    trt_report = _add_segment_report(trt_report, segment.file(rank, "engine"), report)
         for f in ckpt.iterdir():
             if f.is_file() and f.name != CONFIG_FILE and not f.name.startswith("rank"):
                 shutil.copyfile(f, tmp / f.name)
@@ -99,6 +97,18 @@ def build_parallel(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), f
                                                             checkpoint.source))
         manifest.save(tmp)
     return result
+
+
+def _add_segment_report(total: dict[str, Any] | None, name: str, report: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's tensorrt block over every segment: the common keys a single build records (layer counts and
+    build seconds summed), and each segment's engine bytes, build seconds and engine layers under `segments`."""
+    total = total or {**{k: report[k] for k in ("flavour", "trt_version", "targets", "num_profiles")},
+                      "build_seconds": 0.0, "network_layer_types": {}, "segments": {}}
+    total["build_seconds"] = round(total["build_seconds"] + report["build_seconds"], 3)
+    for kind, count in report["network_layer_types"].items():
+        total["network_layer_types"][kind] = total["network_layer_types"].get(kind, 0) + count
+    total["segments"][name] = {k: report[k] for k in ("engine_bytes", "build_seconds", "engine_layer_types")}
+    return total
 
 
 def segment_profiles(config: BuildConfig, inputs: list[ir.Value]) -> tuple[dict, ...]:

@@ -25,4 +25,7 @@ def test_one_tp_rank_builds_every_segment_with_tensorrt(tiny_model_dir, tmp_path
         assert (tmp_path / "engine" / name).stat().st_size == report["engine_bytes"] > 0
         assert report["engine_layer_types"], name
     assert result.engine_bytes == sum(r["engine_bytes"] for r in segments.values())
+    # the keys a single-process build records, summed over the segments (what `trtbuild inspect` prints)
+    report = EngineManifest.load(tmp_path / "engine").tensorrt
+    assert report["num_profiles"] == 2 and report["network_layer_types"]["MATRIX_MULTIPLY"] > 0
     assert not list((tmp_path / "engine").glob("rank0.*"))  # only the rank asked for
