@@ -328,7 +328,8 @@ def main() -> None:
                                                  args.engines, args.save_engines)
     RESULTS.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", str(result["device"]["device"]).lower()).strip("-")
-    suffix = "" if args.no_decode or args.model == "smollm2" else f"-{args.model}"
+    # the sweep alone (--no-decode, or under torchrun) never overwrites a file with the decode figures
+    suffix = "-allreduce" if "decode_tp2_vs_tp1" not in result else "" if args.model == "smollm2" else f"-{args.model}"
     path = RESULTS / f"collectives-{args.backend}-{slug}{suffix}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
