@@ -99,11 +99,15 @@ def build(
         from engine_builder.build.preflight import preflight
 
         preflight(ckpt, out, config, force)  # refusals in a second, before the graph code is even imported
+        from engine_builder.build.parallel_build import build_parallel, sharded
         from engine_builder.build.pipeline import build as build_engine_dir
 
         with sigterm_as_interrupt(), build_progress(progress_mode()) as (stage, trt_progress):
-            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
-                                      trt_progress=trt_progress, gate=gate)
+            if sharded(ckpt):  # `convert --tp/--pp`: one graph per rank and segment (build/parallel_build.py)
+                result = build_parallel(ckpt, out, config, force=force, stage=stage)
+            else:
+                result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
+                                          trt_progress=trt_progress, gate=gate)
     if loaded is not None and loaded.runtime is not None:  # the recipe's runtime defaults (formats/runtime_config.py)
         from engine_builder.formats.runtime_config import write_runtime
 

@@ -95,6 +95,16 @@ def serve(
       curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
     """
+    from engine_builder.runner.parallel import launch
+
+    role = launch.role(engine_dir)  # tp/pp engine dirs: one process per rank, rank 0 serves (runner/parallel/)
+    if role == "launcher":
+        raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
+    if role == "worker":
+        from engine_builder.runner.parallel.worker import follow
+
+        follow(engine_dir, verify=not no_verify)
+        return
     from engine_builder.runner.speculative.speculative_config import from_flags
     from engine_builder.server.http_server import serve as serve_engine
 

@@ -38,7 +38,7 @@ class EngineDir:
             raise InputError(f"{path} was built from an exported ONNX graph (`trtbuild build --onnx`), which carries "
                              "no model config to generate with; build from a checkpoint: "
                              f"`trtbuild build <ckpt-dir> {path} --force`")
-        if not (path / ORT_MODEL).is_file():
+        if manifest.mapping is None and not (path / ORT_MODEL).is_file():  # tp/pp dirs: a graph per segment
             raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
                              "rebuild the engine dir")
         quant = manifest.checkpoint_quantization  # sized before any allocation
