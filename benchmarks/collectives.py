@@ -8,8 +8,12 @@
    (hidden 64 = the tests' tiny llama, 576 = SmolLM2-135M, 4096 = Llama-3-8B; batch 1, 8, 64) in fp32, fp16
    and bf16, plus 1 MiB. Per size: mean latency over --iters back-to-back calls (median of 5 repeats),
    algorithm bandwidth = bytes / time and bus bandwidth = algbw x 2(n-1)/n (nccl-tests' convention: what
-   each link carries in a ring all-reduce). With nccl the tensors live on cuda:LOCAL_RANK. This part imports
-   torch only (no onnxruntime, no trtbuild), so it runs as is on a GPU machine that has nothing else.
+   each link carries in a ring all-reduce). With nccl the tensors live on cuda:LOCAL_RANK. Beside each
+   figure, `runtime_us`: the same sum through the runtime's own path (runner/parallel/collectives.py: a host
+   numpy array in, copied to the rank's device, all-reduced, copied back), what a tp step pays per call; and
+   a 64 MiB message, for the bandwidth the link reaches once latency stops mattering (the device's NVLink
+   peak, as nvidia-smi reports its links, is in the results file). This part needs torch and numpy only
+   (no onnxruntime), so it runs as is on a GPU machine that has nothing else.
 2. (unless --no-decode; needs onnxruntime) decode-step time of a SmolLM2-shaped random llama (hidden 576,
    intermediate 1536, 30 layers, vocab 49152; 8 heads / 2 KV heads of 72, because SmolLM2's 9 heads do not
    split in 2) as a trtbuild tp engine: tp=2 ranks vs the same segmented graphs at tp=1 (one process, no
@@ -26,6 +30,7 @@ Writes benchmarks/results/collectives-<backend>-<device>.json (device name, driv
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -62,32 +67,51 @@ ENGINE_NAMES = ("single", "tp1", "tp2")
 def messages() -> list[tuple[str, int, str]]:
     out = [(f"{model} hidden {h} x batch {b}", h * b, dtype) for model, h in HIDDEN.items() for b in BATCHES
            for dtype in DTYPES]
-    out += [("1 MiB", (1 << 20) // torch.tensor([], dtype=DTYPES[d]).element_size(), d) for d in DTYPES]
+    out += [(label, size // torch.tensor([], dtype=DTYPES[d]).element_size(), d)
+            for label, size in (("1 MiB", 1 << 20), ("64 MiB", 64 << 20)) for d in DTYPES]
     return out
 
 
-def allreduce_sweep(device: torch.device, iters: int) -> list[dict[str, Any]]:
+def _timed(call: Any, device: torch.device, iters: int) -> float:
+    """Median over 5 repeats of the mean seconds of ITERS back-to-back calls, ranks started together."""
+    means = []
+    for _ in range(5):
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(iters):
+            call()
+        _sync(device)
+        means.append((time.perf_counter() - started) / iters)
+    return statistics.median(means)
+
+
+def allreduce_sweep(device: torch.device, iters: int, backend: str) -> list[dict[str, Any]]:
+    import ml_dtypes
+    import numpy as np
+
+    from engine_builder.formats.parallel_mapping import ParallelMapping
+    from engine_builder.runner.parallel.collectives import Collectives
+
     world = dist.get_world_size()
+    runtime = Collectives(ParallelMapping(tp=world), backend=backend)  # the path a tp step's segments take
+    host_dtypes = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
     rows = []
     for label, count, dtype in messages():
         tensor = torch.ones(count, dtype=DTYPES[dtype], device=device)
+        host = np.ones(count, host_dtypes[dtype])
+        n = iters if count * tensor.element_size() < (16 << 20) else max(1, iters // 10)
         for _ in range(10):  # warm up (NCCL builds its communicator on the first call)
             dist.all_reduce(tensor)
+            runtime.all_reduce(host)
         _sync(device)
-        means = []
-        for _ in range(5):
-            dist.barrier()
-            started = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(tensor)
-            _sync(device)
-            means.append((time.perf_counter() - started) / iters)
-        seconds = statistics.median(means)
+        seconds = _timed(functools.partial(dist.all_reduce, tensor), device, n)
+        runtime_seconds = _timed(functools.partial(runtime.all_reduce, host), device, n)
         size = count * tensor.element_size()
         algbw = size / seconds / 1e9
         rows.append({"message": label, "dtype": dtype, "elements": count, "bytes": size,
                      "latency_us": round(seconds * 1e6, 2), "algbw_GBps": round(algbw, 4),
-                     "busbw_GBps": round(algbw * 2 * (world - 1) / world, 4)})
+                     "busbw_GBps": round(algbw * 2 * (world - 1) / world, 4),
+                     "runtime_us": round(runtime_seconds * 1e6, 2)})
     return rows
 
 
@@ -108,6 +132,8 @@ def device_info(backend: str) -> dict[str, Any]:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["driver"] = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0]
         info["nvlink"] = _nvidia_smi(["nvlink", "-s", "-i", "0"])  # per-link speed as the driver reports it
+        links = [float(v) for v in re.findall(r"Link \d+: ([\d.]+) GB/s", info["nvlink"])]
+        info["nvlink_peak_GBps_per_direction"] = round(sum(links), 1) if links else None
         info["topology"] = _nvidia_smi(["topo", "-m"])
     else:
         info["device"] = "cpu"
@@ -286,7 +312,7 @@ def sweep_rank(rank: int, world: int, backend: str, iters: int, port: int | None
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             **({"device_id": device} if device.type == "cuda" else {}))
-    rows = allreduce_sweep(device, iters)
+    rows = allreduce_sweep(device, iters, backend)
     dist.destroy_process_group()
     if rank == 0 and queue is not None:
         queue.put(rows)
@@ -338,7 +364,7 @@ def main() -> None:
     print(f"all-reduce, {world} ranks, {args.backend} on {result['device']['device']}:")
     for r in rows:
         print(f"  {r['message']:<30} {r['dtype']:<5} {r['bytes']:>9} B  {r['latency_us']:>9.1f} us  "
-              f"busbw {r['busbw_GBps']:.3f} GB/s")
+              f"busbw {r['busbw_GBps']:.3f} GB/s  runtime path {r['runtime_us']:>9.1f} us")
     decode = result.get("decode_tp2_vs_tp1")
     if decode:
         print(f"decode step, {decode['model']} llama, {decode['collectives_per_step']} per step:")

@@ -53,8 +53,9 @@ def open_backend(engine: EngineDir, backend: str = "auto", *,
         from engine_builder.runner.parallel.parallel_backend import ParallelBackend
 
         mapping = engine.manifest.mapping
-        return ParallelBackend.open(engine, threads=threads), BackendChoice(
-            "onnxruntime", f"tp={mapping.tp} pp={mapping.pp}: each rank's segments on onnxruntime, collectives between")
+        opened = ParallelBackend.open(engine, threads=threads)
+        return opened, BackendChoice("onnxruntime", f"tp={mapping.tp} pp={mapping.pp}: each rank's segments on "
+                                                    f"onnxruntime, collectives over {opened.comm.backend} between")
     choice = choose_backend(engine, backend)
     cls = next(c for c in registered_backends() if c.name == choice.name)
     return cls.open(engine, threads=threads), choice
