@@ -248,7 +248,7 @@ def main() -> None:
     report = {"machine": machine(), "versions": versions(), "threads": threads, "new_tokens": n,
               "prompt_tokens": len(prompt), "prefill_tokens": len(long_ids), "batch": batch, "runs": args.runs,
               "gap_s": args.gap, "stream_read_gb_s": bw, "fidelity_tokens": args.fidelity_tokens,
-              "context": args.context, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "context": args.context, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "systems": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"peers-{report['date'][:16].replace(':', '')}.json"
