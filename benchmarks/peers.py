@@ -159,7 +159,8 @@ def main() -> None:
     args = parser.parse_args()
     threads = args.threads or physical_cores()
     n, batch = args.new_tokens, args.batch
-    max_seq = max(args.prefill_tokens, args.prompt_tokens) + n
+    # KV room for the longest prompt and at least 128 new tokens: shorter --new-tokens reuse the same engines
+    max_seq = max(args.prefill_tokens, args.prompt_tokens) + max(n, 128)
     args.work.mkdir(parents=True, exist_ok=True)
 
     def say(text: str) -> None:
