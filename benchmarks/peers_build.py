@@ -109,9 +109,9 @@ def artifact(work: Path, name: str, max_seq: int, max_input: int, max_batch: int
 
 
 def weight_bytes(path: Path) -> int:
-    """Bytes of the weights a system reads per decoded token: every initializer of its ONNX graph once
-    (stored in the graph or as external data; a tied embedding shared with lm_head counts once, the
-    embedding gather's one row aside every weight is read once per token), or the GGUF file's size."""
+    """Bytes of the weights a system reads per decoded token: its ONNX graph's initializers, each once (a
+    tied embedding shared with lm_head counts once), except those only gathered from (an embedding table
+    read one row per token); the GGUF file's size; or transformers' safetensors."""
     if path.suffix == ".gguf":
         return path.stat().st_size
     if not (path / "model.onnx").exists():  # transformers: its safetensors
@@ -119,8 +119,22 @@ def weight_bytes(path: Path) -> int:
     import onnx
 
     model = onnx.load(str(path / "model.onnx"), load_external_data=False)
+    consumers: dict[str, set[str]] = {}
+
+    def walk(graph) -> None:
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                gathered = node.op_type in ("Gather", "GatherBlockQuantized") and i == 0
+                consumers.setdefault(name, set()).add("gather" if gathered else node.op_type)
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(sub)
+
+    walk(model.graph)
     total = 0
     for t in model.graph.initializer:
+        if consumers.get(t.name, set()) <= {"gather"}:
+            continue  # an embedding table (or unused): one row per token
         external = {e.key: e.value for e in t.external_data}
-        total += int(external["length"]) if "length" in external else len(t.raw_data) or 0
+        total += int(external["length"]) if "length" in external else len(t.raw_data)
     return total
