@@ -1,6 +1,6 @@
 """onnxruntime's intra-op spin-waiting on a SmolLM2-shaped int4 decode step, quiet and with competing load.
 
-    python benchmarks/ort_spinning.py [--threads 2] [--steps 200] [--rounds 5] [--busy 0 2]
+    python benchmarks/spin_wait.py [--threads 2] [--steps 200] [--rounds 5] [--busy 0 2]
 
 A synthetic graph of SmolLM2-135M's decode shape (30 layers of qkv 576->960, o 576->576,
 gate_up 576->3072, down 1536->576 as int4 MatMulNBits, block 32, accuracy level 4, with the
