@@ -38,6 +38,7 @@ from engine_builder.formats.graph_io import KVCacheLayout
 from engine_builder.runner.backend import Backend, KVUpdate, register_backend
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.ort_spinning import allow_spinning
 from engine_builder.util.cpu_cores import physical_cores
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -58,6 +59,9 @@ def session_options(dtype: str, threads: int | None = None,
     options.graph_optimization_level = OPTIMIZATION_LEVELS.get(dtype, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) \
         if level is None else level
     options.intra_op_num_threads = threads or physical_cores()
+    # spin-wait between kernels only when the machine has idle cores for it (runner/ort_spinning.py)
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "1" if allow_spinning(options.intra_op_num_threads)[0] else "0")
     options.inter_op_num_threads = 1  # a decoder is one chain of ops: nothing to run in parallel
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: warnings would interleave with streamed text
