@@ -22,6 +22,8 @@ def chat(
                                                            "generation_config.json (greedy without one).")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (with a temperature > 0).")] = None,
     backend: Annotated[str, typer.Option(help="auto, onnxruntime or tensorrt.")] = "auto",
+    prefix_cache: Annotated[bool, typer.Option(help="Keep the conversation's KV between turns, so each turn "
+                                                    "prefills only what is new (onnxruntime backend).")] = True,
 ) -> None:
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
@@ -34,7 +36,7 @@ def chat(
     from engine_builder import LLM
     from engine_builder.runner.chat_session import ChatSession
 
-    llm = LLM(engine_dir, backend=backend)
+    llm = LLM(engine_dir, backend=backend, prefix_cache=prefix_cache)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

@@ -101,15 +101,17 @@ class TokenStream:
 
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
-                 threads: int | None = None, verify: bool = True, prefix_cache: bool = False,
+                 threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
         skips checking the files' sha256 against the manifest (trusted dirs, fastest start).
-        prefix_cache: keep the KV of prompts' full blocks (up to prefix_cache_bytes) and copy them into
-        later requests that start the same way, which then prefill only the rest (runner/prefix_cache.py);
-        onnxruntime backend only, and not for longrope models (their cached keys change past a length).
+        prefix_cache (on by default): keep the KV of prompts' and answers' full blocks (up to prefix_cache_bytes)
+        and copy them into later requests that start the same way, which then prefill only the rest
+        (runner/prefix_cache.py): a shared system prompt is prefilled once, a conversation's next turn
+        prefills only the new turn. Greedy answers are the same with and without it. onnxruntime backend
+        only, and not for longrope models (their cached keys change past a length); False turns it off.
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
@@ -135,6 +137,8 @@ class LLM:
         else:
             self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos, Sampler(seed), cache,
                                                     seed=seed, threads=threads)
+        # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse)
+        self._generator.cache_outputs = cache is not None
 
     # --- parameters and prompts -------------------------------------------------------------
 

@@ -50,7 +50,8 @@ SHUTDOWN_GRACE_S = 5.0
 def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int | None = None,
           max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS, max_input_tokens: int | None = None,
           max_total_tokens: int | None = None, api_key: str | None = None, model_name: str | None = None,
-          backend: str = "auto", threads: int | None = None, prefix_cache: bool = False,
+          backend: str = "auto", threads: int | None = None, prefix_cache: bool = True,
+          max_num_batched_tokens: int | None = None, kv_budget_tokens: int | None = None,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
@@ -60,7 +61,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
     "json", an access-log line per request (server/access_log.py)."""
-    from engine_builder.executor import Executor, SchedulerConfig
+    from engine_builder.executor import Executor
+    from engine_builder.executor.scheduler_options import scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS
     from engine_builder.runner.engine import EngineDir
     from engine_builder.server.access_log import LOG_FORMATS
@@ -83,7 +85,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
                                      max_stop_sequence_chars=max_stop_sequence_chars)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
-    scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
+    scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
     sock = bind(host, port)
     if engine.model.encoder is not None:  # an embedding model: server/embedding_app.py
