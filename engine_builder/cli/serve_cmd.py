@@ -55,7 +55,8 @@ def serve(
                                                     "prefills only the new turn); onnxruntime backend.")] = True,
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="Prompt tokens prefilled per step while other "
                                                                     "requests decode (chunked prefill): lower keeps "
-                                                                    "their inter-token gaps short. Default 512.")]
+                                                                    "their inter-token gaps short. Default: "
+                                                                    "auto, what costs about one decode step.")]
     = None,
     kv_budget_tokens: Annotated[int | None, typer.Option(help="KV cache tokens all running requests may hold "
                                                               "together (each holds prompt + max_new_tokens, in "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -183,16 +184,20 @@ class Executor:
         events: list[Event] = []
         failures: list[tuple[RequestState, BaseException]] = []
         for r, n in sched.prefill_plan():
+            started = time.perf_counter()
             try:
                 gen.prefill(r, events, n)
             except Exception as exc:  # this request's engine call or sampling failed
                 failures.append((r, exc))
+            sched.step_budget.observe_prefill(n, time.perf_counter() - started)
         failed_ids = {r.index for r, _ in failures}
         decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
         try:
             gen.reprefill(decoding, events)
             if decoding:
+                started = time.perf_counter()
                 gen.decode(decoding, events)
+                sched.step_budget.observe_decode(time.perf_counter() - started)
         except Exception as exc:  # the batched call failed: every request in it fails
             failures += [(r, exc) for r in decoding.values() if not r.finished]
 

@@ -9,9 +9,10 @@
               long request that does not fit may be overtaken by smaller ones at most max_overtakes
               times, then it blocks those behind it until it fits (admission.py).
     prefill   requests whose context is not fully in the cache share a budget of max_tokens_per_step
-              tokens per step while others decode (chunked prefill: a long prompt does not stall the
-              decoders), split fair between them (chunked_prefill.py); with nothing decoding the budget
-              is one engine call's worth. A request continues next step where it stopped.
+              tokens per step while others decode (auto by default: what costs about one decode step,
+              step_budget.py), so a long prompt does not stall the decoders; split fair between them
+              (chunked_prefill.py). With nothing decoding the budget is one engine call's worth. A
+              request continues next step where it stopped.
     decode    every admitted request past its prefill feeds its last token in one batched call.
 
 Per-slot state lives in the Generator's step functions (engine_builder/runner/generate.py); this
@@ -29,6 +30,7 @@ from engine_builder.executor.admission import Room, plan_admission
 from engine_builder.executor.chunked_prefill import plan_chunks
 from engine_builder.executor.kv_budget import KVBudget, KVBudgetStats
 from engine_builder.executor.preemption import Resumes
+from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
@@ -40,8 +42,9 @@ DEFAULT_BLOCK_TOKENS = 16
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch: int | None = None  # concurrent sequences; None = the engine's KV slots (its max_batch); must be <= that
-    # prompt tokens prefilled per step while other requests decode (chunked prefill); decodes always get theirs
-    max_tokens_per_step: int = 512
+    # prompt tokens prefilled per step while other requests decode (chunked prefill); decodes always get theirs.
+    # None = auto: sized so a step's prefill costs about one decode step (step_budget.py)
+    max_tokens_per_step: int | None = None
     max_queue: int = 256  # waiting requests beyond which submit() raises CapacityError (a server answers 429)
     # KV cache budget in tokens for all running sequences together; None = every slot's max_seq_len
     kv_budget_tokens: int | None = None
@@ -53,7 +56,7 @@ class SchedulerConfig:
         for name, low in (("max_batch", 1), ("max_tokens_per_step", 1), ("max_queue", 0), ("kv_budget_tokens", 1),
                           ("kv_block_tokens", 1), ("max_overtakes", 0)):
             value = getattr(self, name)
-            if value is None and name in ("max_batch", "kv_budget_tokens"):
+            if value is None and name in ("max_batch", "kv_budget_tokens", "max_tokens_per_step"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"SchedulerConfig.{name} must be an integer >= {low}, got {value!r}")
@@ -87,6 +90,7 @@ class Scheduler:
         self.max_batch = config.batch_for(kv.batch_slots)
         self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
         self.resumes = Resumes(generator)
+        self.step_budget = StepBudget(config.max_tokens_per_step)
         self.waiting: deque[RequestState] = deque()  # submitted or preempted, no slot
         self.running: dict[int, RequestState] = {}  # request id -> state, in admission order
         self._skips: dict[int, int] = {}  # request id -> times smaller requests overtook it (fair share)
@@ -141,7 +145,8 @@ class Scheduler:
             return []
         max_chunk = self.generator.backend.max_input_len
         decoding = any(r.token_ids and not self.resumes.prefill_left(r) for r in self.running.values())
-        budget = self.config.max_tokens_per_step if decoding else max(self.config.max_tokens_per_step, max_chunk)
+        step = self.step_budget.tokens()
+        budget = step if decoding else max(step, max_chunk)
         plan = plan_chunks(pending, budget, max_chunk)
         left = {r.index: n for r, _, n in pending}
         self.chunked_prefill_steps += sum(n < left[r.index] for r, n in plan)

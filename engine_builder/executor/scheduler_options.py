@@ -5,8 +5,6 @@ from __future__ import annotations
 from engine_builder.executor.scheduler import SchedulerConfig
 from engine_builder.util.errors import InputError
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = SchedulerConfig.max_tokens_per_step
-
 
 def scheduler_config(max_batch: int | None, max_queue: int, max_num_batched_tokens: int | None = None,
                      kv_budget_tokens: int | None = None) -> SchedulerConfig:
@@ -17,5 +15,5 @@ def scheduler_config(max_batch: int | None, max_queue: int, max_num_batched_toke
         raise InputError(f"--kv-budget-tokens {kv_budget_tokens} holds no {SchedulerConfig.kv_block_tokens}-token "
                          "block; give at least one engine's max_seq_len")
     return SchedulerConfig(max_batch=max_batch, max_queue=max_queue,
-                           max_tokens_per_step=max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                           max_tokens_per_step=max_num_batched_tokens,
                            kv_budget_tokens=kv_budget_tokens)

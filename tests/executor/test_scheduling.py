@@ -124,7 +124,7 @@ def test_priority_orders_the_queue(llm, alone):
         _wait_tokens(blocker, 1)
         handles = {name: executor.submit(_prompt(21 + i, 10), p) for i, (name, p) in enumerate(params.items())}
         blocker.result(timeout=60)
-        for name, h in handles.items():
+        for h in handles.values():
             h.result(timeout=60)
         order = sorted(handles, key=lambda n: handles[n].first_token_time)
         assert executor.stats().preemptions == 0  # the blocker is more urgent than all of them
