@@ -42,7 +42,10 @@ def measure(llm, budget: int | None, long_ids: list[int], stream_tokens: int) ->
     gaps = [b - a for h in streams for a, b in zip(h.token_times, h.token_times[1:])]
     before = [b - a for h in streams for a, b in zip(h.token_times, h.token_times[1:]) if b < arrival]
     worst = max(gaps)
+    worst_at = max(((b - a, b) for h in streams for a, b in zip(h.token_times, h.token_times[1:])))[1]
     return {"worst_gap_s": round(worst, 4), "median_gap_s": round(median(gaps), 4),
+            "p99_gap_s": round(sorted(gaps)[int(0.99 * (len(gaps) - 1))], 4),
+            "worst_gap_ends_after_arrival_s": round(worst_at - arrival, 3),
             "worst_over_median": round(worst / median(gaps), 2),
             "worst_over_median_before_arrival": round(worst / median(before), 2),
             "long_prompt_ttft_s": round(long.first_token_time - long.arrival_time, 3), "chunks_left_over": chunked}
