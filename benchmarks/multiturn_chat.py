@@ -8,7 +8,8 @@ each turn sends the whole history through the chat template (as an OpenAI client
 greedy answer (at most --answer-tokens), appends it and asks the next question. Throughput = generated
 tokens / wall time of the whole workload; the prefill figures count prompt tokens computed vs reused.
 Both runs' conversations are compared: greedy answers must be identical. Target (issue 17): >= 2x the
-no-prefix-cache run.
+no-prefix-cache run. `--modes ...,no_prefix_cache_unchunked` adds the no-cache run with whole-prompt prefill
+steps (--max-num-batched-tokens 2048), the fastest baseline for this prefill-bound workload.
 
 llama.cpp's prompt cache (llama-cpp-python with LlamaRAMCache) on the same workload runs when
 llama_cpp is importable (it is not a dependency: its wheel compiles llama.cpp for many minutes).
@@ -24,6 +25,9 @@ import time
 
 from sched_common import engine_arg, smollm2_engine, text_of_tokens
 
+# name -> (prefix cache, prefill budget per step: None = auto, the default; 2048 = whole prompts, no chunking)
+MODES = {"prefix_cache": (True, None), "no_prefix_cache": (False, None), "no_prefix_cache_unchunked": (False, 2048)}
+
 
 def question(conv: int, turn: int) -> str:
     topics = ("the harbour", "the old mill", "the winter fair", "the lighthouse", "the market", "the river",
@@ -31,8 +35,9 @@ def question(conv: int, turn: int) -> str:
     return f"Question {turn + 1} about {topics[conv % len(topics)]}: what happens next there? Answer briefly."
 
 
-def run_workload(llm, conversations: int, turns: int, system: str, answer_tokens: int) -> dict:
-    from engine_builder.executor import Executor
+def run_workload(llm, conversations: int, turns: int, system: str, answer_tokens: int,
+                 budget: int | None = None) -> dict:
+    from engine_builder.executor import Executor, SchedulerConfig
 
     params = llm.default_params(max_new_tokens=answer_tokens, temperature=0)
     histories: list[list[dict]] = [[{"role": "system", "content": system}] for _ in range(conversations)]
@@ -51,7 +56,7 @@ def run_workload(llm, conversations: int, turns: int, system: str, answer_tokens
 
     cache = llm.generator.prefix_cache
     hits_before = cache.stats().hit_tokens if cache is not None else 0
-    with Executor(llm) as executor:
+    with Executor(llm, SchedulerConfig(max_tokens_per_step=budget)) as executor:
         started = time.perf_counter()
         threads = [threading.Thread(target=converse, args=(c,)) for c in range(conversations)]
         for th in threads:
@@ -91,6 +96,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--system-tokens", type=int, default=256)
     parser.add_argument("--answer-tokens", type=int, default=24)
+    parser.add_argument("--modes", default="prefix_cache,no_prefix_cache",
+                        help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--json", action="store_true")
     engine_arg(parser)
     args = parser.parse_args()
@@ -99,18 +106,23 @@ def main() -> None:
     engine = smollm2_engine(args.engine)
     result: dict = {"conversations": args.conversations, "turns": args.turns, "system_tokens": args.system_tokens}
     histories = {}
-    for name, prefix_cache in (("prefix_cache", True), ("no_prefix_cache", False)):
+    for name in args.modes.split(","):
+        prefix_cache, budget = MODES[name]
         llm = LLM(engine, prefix_cache=prefix_cache, prefix_cache_bytes=1 << 30)
         system = text_of_tokens(llm.tokenizer, args.system_tokens)
-        r = run_workload(llm, args.conversations, args.turns, system, args.answer_tokens)
+        r = run_workload(llm, args.conversations, args.turns, system, args.answer_tokens, budget)
         llm.close()
         histories[name] = r.pop("histories")
         result[name] = r
         print(f"{name}: {r}", file=sys.stderr, flush=True)
-    result["speedup"] = round(result["prefix_cache"]["tokens_per_s"] / result["no_prefix_cache"]["tokens_per_s"], 2)
-    result["answers_identical"] = histories["prefix_cache"] == histories["no_prefix_cache"]
+    if "prefix_cache" in result and "no_prefix_cache" in result:
+        result["speedup"] = round(result["prefix_cache"]["tokens_per_s"] / result["no_prefix_cache"]["tokens_per_s"],
+                                  2)
+        result["answers_identical"] = histories["prefix_cache"] == histories["no_prefix_cache"]
+    if "no_prefix_cache_unchunked" in histories and "prefix_cache" in histories:
+        result["answers_identical_unchunked"] = histories["prefix_cache"] == histories["no_prefix_cache_unchunked"]
     result["llama_cpp_ram_cache"] = run_llama_cpp(args.conversations, args.turns, system, args.answer_tokens)
-    if args.json:
+    if args.json or "speedup" not in result:
         print(json.dumps(result, indent=2))
     else:
         p, n = result["prefix_cache"], result["no_prefix_cache"]

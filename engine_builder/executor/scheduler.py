@@ -34,7 +34,7 @@ from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.util.errors import CapacityError, ConfigError
+from engine_builder.util.errors import ConfigError, InputError
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -103,14 +103,15 @@ class Scheduler:
         return self.budget.blocks_for(len(r.prompt_ids) + r.params.max_new_tokens)
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Refuse (CapacityError) a request the KV budget could never hold, before it waits forever."""
+        """Refuse a request the KV budget could never hold, before it waits forever: InputError, since retrying
+        cannot help (a server answers 422, where a full queue's CapacityError is 429)."""
         blocks = self.budget.blocks_for(len(prompt_ids) + params.max_new_tokens)
         if blocks > self.budget.total_blocks:
             limit = self.budget.total_blocks * self.budget.block_size
-            raise CapacityError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} needs "
-                                f"{blocks} KV blocks of {self.budget.block_size} tokens, the KV budget holds "
-                                f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
-                                "budget")
+            raise InputError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} needs "
+                             f"{blocks} KV blocks of {self.budget.block_size} tokens, the KV budget holds "
+                             f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
+                             "budget")
 
     def admit(self) -> list[RequestState]:
         """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""

@@ -62,7 +62,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
     "json", an access-log line per request (server/access_log.py)."""
     from engine_builder.executor import Executor
-    from engine_builder.executor.scheduler_options import scheduler_config
+    from engine_builder.executor.scheduler_options import budget_total_tokens, scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS
     from engine_builder.runner.engine import EngineDir
     from engine_builder.server.access_log import LOG_FORMATS
@@ -78,6 +78,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     limits = engine.limits
     if engine.model.encoder is not None:  # no generated tokens: ServerConfig's "total" room is the input's own
         limits = dataclasses.replace(limits, max_seq_len=limits.max_input_len + 1)
+    if kv_budget_tokens is not None and max_total_tokens is None:  # a request the budget can't hold: 422 up front
+        max_total_tokens = budget_total_tokens(limits, kv_budget_tokens, max_input_tokens)
     config = ServerConfig.for_engine(limits, name, max_input_tokens=max_input_tokens,
                                      max_total_tokens=max_total_tokens,
                                      max_concurrent_requests=max_concurrent_requests, api_key=api_key,

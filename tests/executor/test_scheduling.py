@@ -15,7 +15,7 @@ from engine_builder import LLM, SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.executor.chunked_prefill import plan_chunks
 from engine_builder.formats.build_config import Limits
-from engine_builder.util.errors import CapacityError
+from engine_builder.util.errors import InputError
 
 WIDE = Limits(max_batch=32, max_input_len=128, max_seq_len=1024)
 
@@ -77,7 +77,7 @@ def test_budget_bounds_the_running_requests(llm, alone):
     seen = []
     with Executor(llm, SchedulerConfig(kv_budget_tokens=12 * 16)) as executor:
         handles = [executor.submit(p, params) for p in prompts]
-        with pytest.raises(CapacityError, match="the KV budget holds 12 "):
+        with pytest.raises(InputError, match="the KV budget holds 12 "):
             executor.submit(_prompt(99, 60), _greedy(200))  # more than the whole budget: refused at once
         while not all(h.finished for h in handles):
             s = executor.stats()
