@@ -13,6 +13,7 @@ from runner_engines import build_engine
 
 from engine_builder import LLM, SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
+from engine_builder.executor.admission import Room, plan_admission
 from engine_builder.executor.chunked_prefill import plan_chunks
 from engine_builder.formats.build_config import Limits
 from engine_builder.util.errors import InputError
@@ -153,3 +154,23 @@ def test_preempted_requests_resume_with_identical_tokens(llm, alone):
     assert outs[0].token_ids == alone(a, greedy).token_ids
     assert outs[1].token_ids == alone(b, seeded).token_ids
     assert outs[2].token_ids == alone(c, urgent).token_ids
+
+
+def test_a_long_request_is_overtaken_at_most_max_overtakes_times(llm):
+    gen = llm.generator
+    names = ("long", "s1", "s2", "s3", "s4")
+    new = {name: gen.new_request(i, _prompt(i, 8), _greedy(4)) for i, name in enumerate(names)}
+    need = {"long": 10, "s1": 2, "s2": 2, "s3": 2, "s4": 2}
+    blocks = {r.index: need[name] for name, r in new.items()}
+    skips: dict[int, int] = {}
+
+    def plan(waiting, free_blocks):
+        return plan_admission([new[n] for n in waiting], [], Room(8, free_blocks), need=lambda r: blocks[r.index],
+                              held=lambda r: blocks[r.index], skips=skips, max_overtakes=2)
+
+    # the long one does not fit: the short ones behind it use the free blocks instead of idling them
+    assert [r.index for r in plan(["long", "s1", "s2"], 6).admit] == [1, 2]
+    assert skips == {0: 2}
+    # overtaken twice: now those behind it wait until it fits, so it is never starved
+    assert plan(["long", "s3"], 6).admit == ()
+    assert [r.index for r in plan(["long", "s3", "s4"], 10).admit] == [0]

@@ -98,8 +98,9 @@ def test_least_recently_used_leaves_go_first_and_a_path_in_use_stays():
     third = [1, 2, 3, 4, 7, 7, 7, 7, 7]
     kv.free(1)
     _fill(kv, 1, third)
+    assert cache.stats().evicted_blocks == 0
     cache.store(third, 1)  # evicts (50..80), the least recently used leaf; never (1..4), its parent
-    assert cache.stats().blocks == 3
+    assert cache.stats().blocks == 3 and cache.stats().evicted_blocks == 1  # /metrics trtbuild_prefix_cache_evictions
     kv.allocate("x", 9, 1)
     assert cache.load(second, 2) == 4  # (1..4) only: (50..80) is gone
 
