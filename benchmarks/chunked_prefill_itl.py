@@ -6,9 +6,10 @@ no chunking (the whole prompt in one step).
 
 An Executor (what `trtbuild serve` runs) on SmolLM2 fp32 (onnxruntime, CPU). Per policy: 8 greedy streams
 start; once each has 8 tokens the long prompt is submitted; gaps are every consecutive pair of the 8
-streams' token times over their whole run. Also printed: the same ratio against the median gap before
-the long prompt arrived (plain decode steps, the stricter reading), and the long prompt's time to
-first token. Target (issue 17): worst gap <= 3x the median.
+streams' token times over their whole run; the worst is taken over the gaps that end after the long
+prompt arrived (what it can stall), and over the whole run (the streams' own staggered start included).
+Also printed: the ratio against the median gap before the long prompt arrived (plain decode steps, the
+stricter reading), and the long prompt's time to first token. Target (issue 17): worst gap <= 3x the median.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ def measure(llm, budget: int | None, long_ids: list[int], stream_tokens: int) ->
     gaps = [b - a for h in streams for a, b in zip(h.token_times, h.token_times[1:])]
     before = [b - a for h in streams for a, b in zip(h.token_times, h.token_times[1:]) if b < arrival]
     worst = max(gaps)
+    after = [b - a for h in streams for a, b in zip(h.token_times, h.token_times[1:]) if b > arrival]
     worst_at = max(((b - a, b) for h in streams for a, b in zip(h.token_times, h.token_times[1:])))[1]
     return {"worst_gap_s": round(worst, 4), "median_gap_s": round(median(gaps), 4),
             "p99_gap_s": round(sorted(gaps)[int(0.99 * (len(gaps) - 1))], 4),
             "worst_gap_ends_after_arrival_s": round(worst_at - arrival, 3),
             "worst_over_median": round(worst / median(gaps), 2),
+            "worst_after_arrival_over_median": round(max(after) / median(gaps), 2),
             "worst_over_median_before_arrival": round(worst / median(before), 2),
             "long_prompt_ttft_s": round(long.first_token_time - long.arrival_time, 3), "chunks_left_over": chunked}
 
@@ -71,10 +74,11 @@ def main() -> None:
         print(json.dumps({"prompt_tokens": len(long_ids), "streams": 8, **result}, indent=2))
     else:
         for name, r in result.items():
-            print(f"{name:>10}: 8 streams' worst inter-token gap {r['worst_gap_s']:.2f}s = "
-                  f"{r['worst_over_median']:.2f}x their median ({r['worst_over_median_before_arrival']:.2f}x the "
-                  f"median before the {len(long_ids)}-token prompt arrived); that prompt's first token after "
-                  f"{r['long_prompt_ttft_s']:.1f}s")
+            print(f"{name:>10}: 8 streams' worst inter-token gap once the prompt arrived = "
+                  f"{r['worst_after_arrival_over_median']:.2f}x their median; over their whole run "
+                  f"{r['worst_gap_s']:.2f}s = {r['worst_over_median']:.2f}x their median "
+                  f"({r['worst_over_median_before_arrival']:.2f}x the median before the {len(long_ids)}-token "
+                  f"prompt arrived); that prompt's first token after {r['long_prompt_ttft_s']:.1f}s")
 
 
 if __name__ == "__main__":

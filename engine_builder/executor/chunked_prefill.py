@@ -14,8 +14,8 @@ that arrived a moment later waits for it (head-of-line blocking). Instead the bu
 max-min fair within each priority level (lower priority values first): a short prompt takes what it
 needs, the rest goes to the longer ones, so a short request's first token never waits for a long
 prompt's whole prefill and the long one still progresses every step. A chunk is at least
-`min_chunk` tokens (or what is left of its prompt) while budget remains: many tiny chunks would pay
-one engine call's fixed cost each.
+`min_chunk` tokens (or what is left of its prompt): many tiny chunks would pay one engine call's
+fixed cost each, so a sliver of budget too small for that waits for the next step.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def plan_chunks(pending: Sequence[tuple[T, int, int]], budget: int, max_chunk: i
                 return plan
             share = max(remaining // (len(group) - i), min_chunk)
             take = min(left, share, max_chunk, remaining)
-            if take > 0:
-                plan.append((request, take))
-                remaining -= take
+            if take < min(left, min_chunk, budget):  # a sliver of budget left: not worth an engine call of its own
+                return plan
+            plan.append((request, take))
+            remaining -= take
     return plan

@@ -116,6 +116,9 @@ def test_chunks_share_the_budget_fairly():
     plan = plan_chunks([("a", 1, 500), ("b", 0, 500)], budget=64, max_chunk=2048)
     assert plan == [("b", 64)]
     assert plan_chunks([("a", 0, 500)], budget=4096, max_chunk=128) == [("a", 128)]
+    # no 1-token call for the budget's last sliver: the second prompt waits for the next step
+    assert plan_chunks([("a", 0, 15), ("b", 0, 15)], budget=16, max_chunk=128) == [("a", 15)]
+    assert plan_chunks([("a", 0, 40)], budget=8, max_chunk=128) == [("a", 8)]  # a budget below min_chunk still runs
 
 
 def test_priority_orders_the_queue(llm, alone):
