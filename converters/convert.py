@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from converters.parallel_shard import shard_checkpoint
 from converters.quantize import gguf_blocks
 from converters.quantize.quant_options import QuantOptions, select_linears
 from converters.quantize.quantized_checkpoint import Progress, quantize_checkpoint
@@ -35,6 +36,7 @@ from engine_builder.formats.checkpoint import (
     SourceFingerprint,
 )
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.precision import tensor_groups
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.atomic_dir import atomic_output_dir, check_output_dir
@@ -143,7 +145,7 @@ def _auto_dtype(conversion: Plan, infos: dict[str, TensorInfo]) -> str:
 def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quant: str = "none",
             group_size: int | None = None, kv_cache: str = "none", calib: Path | None = None,
             calib_samples: int | None = None, calib_seq_len: int | None = None, exclude: Iterable[str] = (),
-            progress: Progress | None = None, lm_head: str | None = None) -> ConvertResult:
+            progress: Progress | None = None, lm_head: str | None = None, tp: int = 1, pp: int = 1) -> ConvertResult:
     """Convert SRC into checkpoint dir OUT, quantized with scheme QUANT unless it is "none", and with
     int8 KV-cache scales when KV_CACHE is "int8".
 
@@ -163,6 +165,11 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     # only a scheme's weights default to float32; a KV cache's scales are float32 whatever the weights
     cp = plan(src, "float32" if options.scheme != "none" and dtype == "auto" else dtype, options.scheme,
               options.exclude)
+    mapping = ParallelMapping(tp, pp)
+    mapping.check(cp.model)  # a mapping the model cannot divide fails before any work, with the valid values
+    if mapping.world_size > 1 and (options.quantizing or cp.prequantized or cp.quantization.scheme != "none"):
+        raise UnsupportedError("--tp/--pp shard float checkpoints only; drop --quant / --kv-cache (or convert the "
+                               "unquantized original)")
     if cp.prequantized and options.scheme != "none":
         raise InputError(f"{src} is already quantized ({cp.prequantized.method}); it is ingested as it is, "
                          f"so drop --quant {options.scheme} (or convert its unquantized original with it)")
@@ -199,6 +206,8 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
                 written = _Written(result.tensors, result.bytes, written.largest, written.tokenizer_files,
                                    result.scheme, len(result.quantized), result.excluded,
                                    result.calibration_seconds, result.kv_cache)
+            if mapping.world_size > 1:
+                shard_checkpoint(tmp, mapping)  # rank{i}.safetensors (converters/parallel_shard.py)
             final = CheckpointConfig.load(tmp)  # what was written: its precision per tensor group
     seconds = time.perf_counter() - started
     return ConvertResult(

@@ -75,16 +75,35 @@ def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dic
         seq_ranges.append(((1, 2), (1, verify_len), (lim.max_batch, verify_len)))
     seq_ranges.append(((1, 2), (1, min(longest, 128)), (lim.max_batch, longest)))
     profiles: list[dict[str, tuple]] = [{} for _ in seq_ranges]
+    paged = paged_profile_shapes(config, model_inputs)  # --kv-layout paged: pool and block table
     for value in model_inputs:
         rest = tuple(int(d) for d in value.shape[1:]) if value.name.startswith(("past_key.", "past_value.")) else None
         for profile, seq_range in zip(profiles, seq_ranges):
-            if rest is not None:  # [batch, kv_heads, max_seq, head_dim]
+            if value.name in paged:
+                profile[value.name] = paged[value.name]
+            elif rest is not None:  # [batch, kv_heads, max_seq, head_dim]
                 profile[value.name] = ((1, *rest), (1, *rest), (lim.max_batch, *rest))
             elif value.name == io.PAST_LENGTHS:
                 profile[value.name] = ((1,), (1,), (lim.max_batch,))
             else:  # input_ids, position_ids: [batch, seq]
                 profile[value.name] = seq_range
     return tuple(profiles)
+
+
+def paged_profile_shapes(config: BuildConfig, model_inputs: list[ir.Value]) -> dict[str, tuple]:
+    """(min, opt, max) of a paged graph's pool inputs [num_blocks, kv_heads, B, head_dim] (up to
+    PagedKVLayout.max_pool_blocks) and block_table [batch, max_blocks] (up to max_seq_len / B); empty for slots."""
+    if config.kv_layout != "paged":
+        return {}
+    lim, size = config.limits, config.kv_block_size
+    per_seq = -(-lim.max_seq_len // size)
+    most = 4 * lim.max_batch * per_seq + 1  # formats/graph_io.py PagedKVLayout.max_pool_blocks
+    shapes: dict[str, tuple] = {io.BLOCK_TABLE: ((1, 1), (1, min(per_seq, 8)), (lim.max_batch, per_seq))}
+    for value in model_inputs:
+        if value.name.startswith(("kv_pool_key.", "kv_pool_value.")):
+            rest = tuple(int(d) for d in value.shape[1:])  # [kv_heads, B, head_dim]
+            shapes[value.name] = ((1, *rest), (lim.max_batch * per_seq + 1, *rest), (most, *rest))
+    return shapes
 
 
 @dataclass(frozen=True)
@@ -148,7 +167,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     check_pass_lists(config)
     started, peak = time.perf_counter(), PeakRss()
     networks = {target: NetworkOptions(max_seq_len=config.limits.max_seq_len, logits_tail=config.logits_tail,
-                                       dtype=twin if target == "onnxruntime" else config.dtype)
+                                       dtype=twin if target == "onnxruntime" else config.dtype,
+                                       kv_layout=config.kv_layout, kv_block_size=config.kv_block_size)
                 for target in ("onnxruntime", "tensorrt")}
     with atomic_output_dir(out, force, (ckpt,), ENGINE_SCHEMA) as tmp:
         link_weights(ckpt, tmp, own_copy=True)  # the engine's own inode: later edits of CKPT cannot reach it

@@ -43,6 +43,11 @@ def build(
     onnx: Annotated[Path | None, typer.Option(help="Run the passes on a third-party decoder ONNX (e.g. from "
                                                    "torch.onnx.export) instead of a checkpoint: "
                                                    "trtbuild build --onnx model.onnx OUT.")] = None,
+    kv_layout: Annotated[str | None, typer.Option(help="KV cache of the graphs: slots (default; one max-seq-len "
+                                                       "row per sequence) or paged (a block pool read through "
+                                                       "a block table, for block sharing).")] = None,
+    kv_block_size: Annotated[int | None, typer.Option(help="Tokens per KV block with --kv-layout paged "
+                                                           "(default 16).")] = None,
     explain_passes: Annotated[bool, typer.Option("--explain-passes", help="Print per-pass match counts and, "
                                                  "for passes that matched nothing, the closest failure.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
@@ -61,7 +66,7 @@ def build(
     config = loaded.build if loaded else BuildConfig()
     flags: dict[str, Any] = {"dtype": dtype, "limits.max_batch": max_batch, "limits.max_input_len": max_input_len,
                              "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
-                             "weights": weights,
+                             "weights": weights, "kv_layout": kv_layout, "kv_block_size": kv_block_size,
                              "compute_capabilities": cc.split(",") if cc else None}
     if target != "all" or not recipe:
         flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
@@ -94,11 +99,19 @@ def build(
         from engine_builder.build.preflight import preflight
 
         preflight(ckpt, out, config, force)  # refusals in a second, before the graph code is even imported
+        from engine_builder.build.parallel_build import build_parallel, sharded
         from engine_builder.build.pipeline import build as build_engine_dir
 
         with sigterm_as_interrupt(), build_progress(progress_mode()) as (stage, trt_progress):
-            result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
-                                      trt_progress=trt_progress, gate=gate)
+            if sharded(ckpt):  # `convert --tp/--pp`: one graph per rank and segment (build/parallel_build.py)
+                result = build_parallel(ckpt, out, config, force=force, stage=stage)
+            else:
+                result = build_engine_dir(ckpt, out, config, force=force, explain=explain_passes, stage=stage,
+                                          trt_progress=trt_progress, gate=gate)
+    if loaded is not None and loaded.runtime is not None:  # the recipe's runtime defaults (formats/runtime_config.py)
+        from engine_builder.formats.runtime_config import write_runtime
+
+        write_runtime(Path(result.out), loaded.runtime, recipe)
     if as_json:
         import dataclasses
 

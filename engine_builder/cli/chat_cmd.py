@@ -22,6 +22,13 @@ def chat(
                                                            "generation_config.json (greedy without one).")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (with a temperature > 0).")] = None,
     backend: Annotated[str, typer.Option(help="auto, onnxruntime or tensorrt.")] = "auto",
+    speculative: Annotated[str | None, typer.Option(
+        help="Speculative decoding: ngram (prompt lookup), draft (--draft-engine) or off; the same answers at "
+             "temperature 0. Default: the engine's recipe runtime block, else off.")] = None,
+    draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
+                                                           "tokenizer, e.g. an int4 build).")] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
+                                                              "to the acceptance rate).")] = None,
     prefix_cache: Annotated[bool, typer.Option(help="Keep the conversation's KV between turns, so each turn "
                                                     "prefills only what is new (onnxruntime backend).")] = True,
 ) -> None:
@@ -35,8 +42,10 @@ def chat(
     """
     from engine_builder import LLM
     from engine_builder.runner.chat_session import ChatSession
+    from engine_builder.runner.speculative.speculative_config import from_flags
 
-    llm = LLM(engine_dir, backend=backend, prefix_cache=prefix_cache)
+    spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
+    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()
@@ -75,6 +84,15 @@ def chat(
                 s = session.last
                 sys.stderr.write(f"[turn {turn}: prompt {s.prompt_tokens} tokens, prefilled {s.prefilled_tokens} "
                                  f"(reused {s.reused_tokens}), {s.prefill_ms:.0f} ms; {s.new_tokens} new tokens in "
-                                 f"{s.decode_seconds:.2f} s]\n")
+                                 f"{s.decode_seconds:.2f} s{_speculation(llm)}]\n")
     finally:
         llm.close()
+
+
+def _speculation(llm) -> str:
+    """`-v`: the acceptance so far (SpeculativeGenerator.stats, per turn: each turn is a run)."""
+    stats = getattr(llm.generator, "stats", None)
+    if stats is None:
+        return ""
+    return (f"; speculative {stats.method}: {stats.accepted_tokens}/{stats.draft_tokens} drafts accepted, "
+            f"{stats.mean_accepted_length:.2f} tokens per verify step")

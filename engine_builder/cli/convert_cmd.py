@@ -96,6 +96,9 @@ def convert(
         help="How a quantized checkpoint stores lm_head: int8 (per output channel; the default for the "
              "weight-only schemes int8_wo, int4_wo and int4_awq: most of the fidelity of float at a quarter of "
              "its bytes), float (as --exclude lm_head), or same (as the body, e.g. int4).")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel ranks: shard heads, MLP and vocab over N "
+                                                 "rank{i}.safetensors (llama-family decoders).")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel stages: split the layers over M stages.")] = 1,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the tensor name mapping; write nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
@@ -137,7 +140,7 @@ def convert(
         result = convert_checkpoint(src, out, dtype=dtype, force=force, quant=quant, group_size=group_size,
                                     kv_cache=kv_cache, calib=calib, calib_samples=calib_samples,
                                     calib_seq_len=calib_seq_len, exclude=exclude or (), progress=on_progress,
-                                    lm_head=lm_head)
+                                    lm_head=lm_head, tp=tp, pp=pp)
     if as_json:
         print_json(result)
         return

@@ -49,6 +49,14 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: ppl, kl, top1_agreement, "
                                                          "tokens, windows, context, text, backend, reference "
                                                          "{path, ppl}, seconds.")] = False,
+    tasks: Annotated[str | None, typer.Option(help="Instead of perplexity: lm-eval harness tasks, comma-separated "
+                                                   "(e.g. arc_easy,hellaswag), scored through this engine's OpenAI "
+                                                   "API (needs `pip install 'lm-eval[api]'`).")] = None,
+    include_path: Annotated[Path | None, typer.Option(help="With --tasks: a dir of your own lm-eval task "
+                                                           "YAMLs.")] = None,
+    limit: Annotated[int | None, typer.Option(help="With --tasks: score at most N documents per task.")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(help="With --tasks: few-shot examples per prompt (default: "
+                                                         "the task's).")] = None,
 ) -> None:
     """Measure an engine's fidelity: perplexity on a text, and against a reference the mean KL divergence
     of the next-token distributions and how often both pick the same top token.
@@ -61,6 +69,13 @@ def eval_command(
     """
     from engine_builder.cli.console import progress_mode, stdout
     from engine_builder.eval import evaluate
+
+    if tasks is not None:
+        return _harness(engine_dir, tasks, include_path, limit, num_fewshot, backend, as_json)
+    if include_path is not None or limit is not None or num_fewshot is not None:
+        from engine_builder.util.errors import InputError
+
+        raise InputError("--include-path, --limit and --num-fewshot go with --tasks")
 
     with eval_progress(progress_mode()) as progress:
         result = evaluate(engine_dir, reference=reference, text=text, max_tokens=max_tokens, context=context,
@@ -81,6 +96,30 @@ def eval_command(
     table.add_row("scored", f"{result.tokens} positions in {result.windows} windows of up to {result.context} "
                             f"tokens ({result.text})")
     table.add_row("backend", f"{result.backend}, {result.seconds:.1f}s")
+    stdout.print(table)
+
+
+def _harness(engine_dir: Path, tasks: str, include_path: Path | None, limit: int | None, num_fewshot: int | None,
+             backend: str, as_json: bool) -> None:
+    """`--tasks`: lm-eval over the engine's OpenAI API (engine_builder/eval/harness_tasks.py)."""
+    from engine_builder.cli.console import stdout
+    from engine_builder.eval.harness_tasks import run_tasks
+
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    result = run_tasks(engine_dir, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                       backend=backend)
+    if as_json:
+        from engine_builder.util.version import __version__
+
+        sys.stdout.write(json.dumps({"trtbuild_version": __version__, **result.to_json()}) + "\n")
+        return
+    from rich.table import Table
+
+    table = Table("task", "metric", "value", "docs", title=f"lm-eval on {engine_dir} ({result.seconds:.1f}s)")
+    for task, metrics in result.results.items():
+        for metric, value in metrics.items():
+            if isinstance(value, int | float) and "stderr" not in metric:
+                table.add_row(task, metric, f"{value:.4f}", str(result.samples.get(task, "")))
     stdout.print(table)
 
 

@@ -77,8 +77,14 @@ def inspect(
     sizes = f"SIZE CHANGED: {', '.join(changed)}" if changed else "sizes match"
     table.add_row("integrity", f"sha256 of {len(m.files)} files recorded, {sizes}; run `trtbuild verify "
                                f"{engine_dir}` to check the hashes (loads check them too)")
-    table.add_row("tensorrt here", summary.tensorrt_verdict)
-    table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
+    table.add_row("tensorrt here", summary.tensorrt_verdict if m.mapping is None else
+                  "tp/pp engines run their segments' onnxruntime twins; the TensorRT segment engines are built, "
+                  "not yet run")
+    if m.mapping is not None:  # tp/pp: a graph per rank and segment, run by one process per rank
+        table.add_row("onnxruntime here", f"ok: tp={m.mapping.tp} x pp={m.mapping.pp} ranks, their segments on CPU "
+                      f"(`trtbuild run {engine_dir}` spawns them, or torchrun --nproc-per-node {m.mapping.world_size})")
+    else:
+        table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
     stdout.print(table)
 
 

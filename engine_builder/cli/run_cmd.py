@@ -54,8 +54,9 @@ def run(
                                                                             "schema file.")] = None,
     regex: Annotated[str | None, typer.Option("--regex", help="Constrain the output to this regex.")] = None,
     choice: Annotated[list[str] | None, typer.Option("--choice", help="The output is one of these; repeat.")] = None,
-    speculative: Annotated[str | None, typer.Option(help="Speculative decoding: ngram (prompt lookup) or draft "
-                                                         "(--draft-engine); the same tokens at temperature 0.")] = None,
+    speculative: Annotated[str | None, typer.Option(
+        help="Speculative decoding: ngram (prompt lookup), draft (--draft-engine) or off; the same tokens at "
+             "temperature 0. Default: the engine's recipe runtime block, else off.")] = None,
     draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
                                                            "tokenizer, e.g. an int4 build).")] = None,
     num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
@@ -83,9 +84,21 @@ def run(
         from engine_builder.cli.run_embed import run_embed
 
         return run_embed(engine_dir, embed, backend, verify=not no_verify, as_json=as_json)
+    from engine_builder.runner.parallel import launch
+
+    role = launch.role(engine_dir)  # tp/pp engine dirs run one process per rank (runner/parallel/)
+    if role == "launcher":
+        if prompt is not None:
+            _read_prompt(prompt)  # a bad prompt fails here, before any rank starts (stdin stays rank 0's)
+        raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
+    if role == "worker":
+        from engine_builder.runner.parallel.worker import follow
+
+        follow(engine_dir, verify=not no_verify)
+        return
     from engine_builder.runner.speculative.speculative_config import from_flags
 
-    spec = from_flags(speculative, draft_engine, num_draft_tokens)  # checked before the engine loads
+    spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     text = _read_prompt(prompt)
 
     from engine_builder.runner.llm import LLM

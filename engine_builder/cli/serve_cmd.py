@@ -36,9 +36,9 @@ def serve(
     max_concurrent_requests: Annotated[int, typer.Option(help="Active requests (running + queued) beyond which "
                                                               "new ones get 429 at once.")]
     = DEFAULT_MAX_CONCURRENT_REQUESTS,
-    max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer gets 422. "
+    max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer is refused. "
                                                               "Default: the engine's max_input_len.")] = None,
-    max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more gets 422. "
+    max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more is refused. "
                                                               "Default: the engine's max_seq_len.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="TRTBUILD_API_KEY", show_envvar=True,
                                                 help="Require `Authorization: Bearer KEY` (401 otherwise); "
@@ -71,17 +71,25 @@ def serve(
                                                         "cancelled: 504, or a timeout event ending its stream.")]
     = DEFAULT_REQUEST_TIMEOUT_S,
     max_top_logprobs: Annotated[int, typer.Option(help="Most alternatives per token (TGI top_n_tokens, OpenAI "
-                                                       "top_logprobs / logprobs); more gets 422.")]
+                                                       "top_logprobs / logprobs); more is refused.")]
     = DEFAULT_MAX_TOP_LOGPROBS,
-    max_stop_sequences: Annotated[int, typer.Option(help="Most stop sequences per request; more gets 422.")]
+    max_stop_sequences: Annotated[int, typer.Option(help="Most stop sequences per request; more is refused.")]
     = DEFAULT_MAX_STOP_SEQUENCES,
-    max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer gets "
-                                                              "422.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer is "
+                                                              "refused.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
                                                                 "sha256 its build recorded (trusted dirs only; "
                                                                 "starts faster on large engines).")] = False,
     log_format: Annotated[str, typer.Option(help="Access log on stderr, one line per request (method, path, "
                                                  "status, tokens in/out, ms): text or json.")] = "text",
+    speculative: Annotated[str | None, typer.Option(help="Speculative decoding for every request: ngram (prompt "
+                                                         "lookup), draft (--draft-engine) or off; the same tokens at "
+                                                         "temperature 0. Acceptance on /metrics. Default: the "
+                                                         "engine's recipe runtime block, else off.")] = None,
+    draft_engine: Annotated[Path | None, typer.Option(help="Engine dir drafting for --speculative draft (same "
+                                                           "tokenizer, e.g. an int4 build of the model).")] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
+                                                              "to the acceptance rate).")] = None,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
@@ -89,6 +97,7 @@ def serve(
     Requests are batched in flight: each joins the running batch at the next step and leaves when
     it ends. Requests that leave out temperature follow the model's generation_config.json
     (greedy for most instruct checkpoints); TGI requests follow TGI (greedy unless do_sample).
+    A request over a limit below is refused: 400 on the OpenAI routes, 422 on TGI's.
 
     \b
     Example:
@@ -96,8 +105,20 @@ def serve(
       curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
     """
+    from engine_builder.runner.parallel import launch
+
+    role = launch.role(engine_dir)  # tp/pp engine dirs: one process per rank, rank 0 serves (runner/parallel/)
+    if role == "launcher":
+        raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
+    if role == "worker":
+        from engine_builder.runner.parallel.worker import follow
+
+        follow(engine_dir, verify=not no_verify)
+        return
+    from engine_builder.runner.speculative.speculative_config import from_flags
     from engine_builder.server.http_server import serve as serve_engine
 
+    spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
@@ -108,7 +129,7 @@ def serve(
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
-                 verify=not no_verify)
+                 verify=not no_verify, speculative=spec)
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
     # threads take a moment) must not turn exit 0 into death by signal
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

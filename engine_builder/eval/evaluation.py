@@ -29,7 +29,7 @@ from engine_builder.formats import graph_io as io
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.backend_choice import choose_backend, open_backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.util.errors import CapacityError, InputError
+from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
 
 # progress(stage, positions scored so far, positions to score)
 ReportProgress = Callable[[str, int, int], None]
@@ -67,6 +67,9 @@ def evaluate(engine_dir: Path | str, reference: Path | str | None = None, text: 
     if max_tokens < 2:
         raise InputError(f"--max-tokens must be at least 2 (one token predicts the next), got {max_tokens}")
     engine = EngineDir.load(engine_dir)
+    if engine.manifest.mapping is not None:  # its ranks return last-position logits only, and need their processes
+        raise UnsupportedError(f"{engine_dir} is a tp/pp engine dir; evaluate a single-process build of the same "
+                               "model (`trtbuild convert` without --tp/--pp, then `trtbuild build`)")
     choice = choose_backend(engine, backend)  # decided without loading: a bad --backend fails before any work
     eval_text = load_text(Path(text) if text is not None else None)
     ref = load_reference(Path(reference)) if reference is not None else None

@@ -34,7 +34,7 @@ from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.util.errors import ConfigError, InputError
+from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -125,15 +125,19 @@ class Scheduler:
             self.budget.release(r.index)
             self.resumes.preempt(r)
             self.waiting.append(r)
-        if plan.admit:
-            chosen = {r.index for r in plan.admit}
-            self.waiting = deque(r for r in self.waiting if r.index not in chosen)
+        admitted = set()
         for r in plan.admit:
-            self.generator.admit(r)
+            try:
+                self.generator.admit(r)
+            except CapacityError:  # a paged engine's block pool is short (its own budget): the rest wait a step
+                break
+            admitted.add(r.index)
             self.budget.hold(r.index, self.need(r))
             self._skips.pop(r.index, None)
             self.running[r.index] = r
             self.resumes.load_prompt(r)
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if r.index not in admitted)
         return list(plan.preempt)
 
     # --- prefill and decode -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from engine_builder.formats.dataclass_io import from_dict
+from engine_builder.formats.runtime_config import RuntimeConfig
 from engine_builder.util.errors import ConfigError
 
 TARGETS = ("tensorrt", "onnxruntime")
@@ -53,6 +54,13 @@ def check_limit(name: str, value: object) -> None:
                           f"pass a realistic {name}")
 
 
+def check_kv_layout(layout: object, block_size: object) -> None:
+    if layout not in ("slots", "paged"):
+        raise ConfigError(f"kv_layout {layout!r} is not one of slots, paged")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 1024:
+        raise ConfigError(f"kv_block_size must be an integer in 1..1024, got {block_size!r}")
+
+
 @dataclass(frozen=True)
 class Limits:
     max_batch: int = 8
@@ -90,9 +98,14 @@ class BuildConfig:
     # logits of the last min(seq, logits_tail) positions: a speculative verify step (last token + up to
     # logits_tail - 1 drafts) reads them all; TensorRT gets a verify profile (seq 2..logits_tail) for it
     logits_tail: int = 16
+    # KV cache of the emitted graphs: slots (one max_seq_len row per sequence) or paged (a pool of
+    # kv_block_size-token blocks read through a block table; formats/graph_io.py)
+    kv_layout: str = "slots"
+    kv_block_size: int = 16
 
     def validate(self) -> None:
         self.limits.validate()
+        check_kv_layout(self.kv_layout, self.kv_block_size)
         check_limit("logits_tail", self.logits_tail)
         if not self.targets or any(t not in TARGETS for t in self.targets):
             raise ConfigError(f"targets {list(self.targets)} must be drawn from {', '.join(TARGETS)} (or 'all')")
@@ -152,6 +165,7 @@ class Recipe:
     quantization: str = "none"
     build: BuildConfig = field(default_factory=BuildConfig)
     fidelity: Fidelity | None = None
+    runtime: RuntimeConfig | None = None  # how the built engine runs by default (runtime_config.py)
 
 
 def load_recipe(path: Path) -> Recipe:

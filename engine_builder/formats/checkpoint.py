@@ -12,6 +12,7 @@ from engine_builder.formats.dataclass_io import from_dict
 from engine_builder.formats.encoder_spec import encoder_linears, encoder_shapes
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.moe_layout import MOE_LINEARS, moe_mlp_shapes
+from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError
 
@@ -143,6 +144,8 @@ class CheckpointConfig:
     quantization: Quantization = field(default_factory=Quantization)
     num_tensors: int = 0
     trtbuild_version: str = ""
+    # `convert --tp/--pp`: rank{i}.safetensors hold each rank's shard (formats/parallel_mapping.py)
+    mapping: ParallelMapping | None = None
     schema: str = CHECKPOINT_SCHEMA
     schema_version: int = CHECKPOINT_SCHEMA_VERSION
 

@@ -117,3 +117,85 @@ class KVCacheLayout:
     def bytes_per_token(self) -> int:
         """Keys and values of one position in every layer."""
         return 2 * self.num_layers * self.kv_heads * self.head_dim * KV_ITEM_BYTES[self.dtype]
+
+
+# --- paged layout (`trtbuild build --kv-layout paged`) ---------------------------------------------
+#
+#     block_table          int64 [batch, max_blocks]                    pool block of each sequence's logical
+#                                                                       block j (positions j*B .. j*B + B - 1)
+#     kv_pool_key.{i}      dtype [num_blocks, kv_heads, block_size, head_dim]   every sequence's keys, layer i
+#     kv_pool_value.{i}
+#     ->
+#     present_pool_key.{i} dtype [num_blocks, kv_heads, block_size, head_dim]   the updated pool (bind it over
+#     present_pool_value.{i}                                                    kv_pool_*: updated in place)
+#
+# Token t of sequence b sits at p = past_lengths[b] + t, is written to block block_table[b, p // B] at
+# offset p % B, and attends to logical positions 0..p (of the max_blocks * B the table maps). max_blocks
+# is dynamic: the runner passes as many columns as the longest row of the step needs, so a step reads
+# only the blocks it uses. Unused table entries must name a block holding finite values (the runner
+# keeps block 0 as a scratch block for them, and for rows that ride along idle); their positions are
+# masked. num_blocks is dynamic: the runtime sizes the pool from its memory budget.
+
+KV_LAYOUTS = ("slots", "paged")
+BLOCK_TABLE = "block_table"
+NUM_BLOCKS = "num_blocks"
+MAX_BLOCKS = "max_blocks"
+META_KV_LAYOUT = "trtbuild.kv_layout"  # slots (absent) | paged
+META_KV_BLOCK_SIZE = "trtbuild.kv_block_size"
+
+
+def kv_pool_key(layer: int) -> str:
+    return f"kv_pool_key.{layer}"
+
+
+def kv_pool_value(layer: int) -> str:
+    return f"kv_pool_value.{layer}"
+
+
+def present_pool_key(layer: int) -> str:
+    return f"present_pool_key.{layer}"
+
+
+def present_pool_value(layer: int) -> str:
+    return f"present_pool_value.{layer}"
+
+
+@dataclass(frozen=True)
+class PagedKVLayout:
+    """The block pool every layer's kv_pool_key/kv_pool_value (and present_pool_*) tensor holds:
+    [num_blocks, kv_heads, block_size, head_dim], num_blocks chosen at run time. Per head a block is one
+    contiguous [block_size, head_dim] tile, as a slot-layout row is [max_seq, head_dim], so the gathered
+    cache [batch, kv_heads, max_blocks * block_size, head_dim] feeds the same attention as the slot layout."""
+
+    num_layers: int
+    kv_heads: int
+    block_size: int
+    head_dim: int
+    dtype: str  # float32 | float16 | bfloat16 | int8
+    max_seq: int  # positions one sequence may hold (the build's max_seq_len)
+
+    @classmethod
+    def of(cls, model: ModelConfig, max_seq_len: int, dtype: str, kv_cache: str = "none",
+           block_size: int = 16) -> PagedKVLayout:
+        return cls(model.num_layers, model.num_kv_heads, block_size, model.head_dim,
+                   "int8" if kv_cache == "int8" else dtype, max_seq_len)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_seq // self.block_size)
+
+    def pool_shape(self, num_blocks: int | str) -> tuple[int | str, int, int, int]:
+        return (num_blocks, self.kv_heads, self.block_size, self.head_dim)
+
+    def max_pool_blocks(self, max_batch: int) -> int:
+        """The pool size the TensorRT profile allows: max_batch full sequences, 4x over for cached prefixes."""
+        return 4 * max_batch * self.max_blocks_per_seq + 1
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Keys and values of one block in every layer."""
+        return 2 * self.num_layers * self.kv_heads * self.block_size * self.head_dim * KV_ITEM_BYTES[self.dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * KV_ITEM_BYTES[self.dtype]

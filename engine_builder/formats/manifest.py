@@ -27,6 +27,7 @@ from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, SourceFingerprint
 from engine_builder.formats.dataclass_io import from_dict
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError, InputError
 from engine_builder.util.file_hash import sha256_files
@@ -51,7 +52,7 @@ def verified_files(engine_dir: Path) -> list[Path]:
     beside them (model.onnx.data...), the serialized engines. Tokenizer and config files are not among them."""
     def read_by_the_engine(name: str) -> bool:
         return (name in (ORT_MODEL, TRT_MODEL) or name.endswith((".onnx.data", ".engine"))
-                or (name.startswith("rank") and name.endswith(".safetensors")))  # WEIGHTS_FILE and other ranks'
+                or (name.startswith("rank") and name.endswith((".safetensors", ".onnx"))))  # + tp/pp segments
 
     return sorted(f for f in Path(engine_dir).iterdir() if f.is_file() and read_by_the_engine(f.name))
 
@@ -127,6 +128,7 @@ class EngineManifest:
     quantization: OrtQuantization | None = None
     fidelity: dict[str, Any] | None = None  # figures of a recipe's fidelity gate
     dtype_choice: str | None = None  # why build.dtype / build.twin_dtype are what they are (build/dtype_choice.py)
+    mapping: ParallelMapping | None = None  # tp/pp engine dirs: rank{i}.<segment>.onnx per rank (parallel_mapping.py)
     schema: str = ENGINE_SCHEMA
     schema_version: int = ENGINE_SCHEMA_VERSION
 

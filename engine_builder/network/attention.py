@@ -22,6 +22,7 @@ from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
 from engine_builder.network.norms import checkpoint_norm
+from engine_builder.network.paged_attention import PagedMasks, paged_update
 from engine_builder.network.rotary import RotaryTables, apply_rotary
 from engine_builder.network.weights import CheckpointWeights
 
@@ -63,12 +64,16 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
             low, high = (b.const(float(bound)) for bound in kv_quant.INT8_RANGE)
             k_scale, v_scale = w.stored(p + "k_cache_scale"), w.stored(p + "v_cache_scale")  # [1, kv_heads, 1, hd]
             k, v = kv_quant.quantize(b.op, k, k_scale, low, high), kv_quant.quantize(b.op, v, v_scale, low, high)
-        present_key = b.op("ScatterND", past_key, masks.write_indices, k)  # [batch, kv_heads, max_seq, head_dim]
-        present_value = b.op("ScatterND", past_value, masks.write_indices, v)
-        cached_key, cached_value = present_key, present_value
+        if isinstance(masks, PagedMasks):  # --kv-layout paged: pool + block table (network/paged_attention.py)
+            present_key, cached_key = paged_update(b, past_key, k, masks, kv_heads, head_dim)
+            present_value, cached_value = paged_update(b, past_value, v, masks, kv_heads, head_dim)
+        else:
+            present_key = b.op("ScatterND", past_key, masks.write_indices, k)  # [batch, kv_heads, max_seq, head_dim]
+            present_value = b.op("ScatterND", past_value, masks.write_indices, v)
+            cached_key, cached_value = present_key, present_value
         if w.quantization.kv_cache == "int8":
-            cached_key = kv_quant.dequantize(b.op, present_key, k_scale)
-            cached_value = kv_quant.dequantize(b.op, present_value, v_scale)
+            cached_key = kv_quant.dequantize(b.op, cached_key, k_scale)
+            cached_value = kv_quant.dequantize(b.op, cached_value, v_scale)
         keys = _repeat_kv(b, cached_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
         values = _repeat_kv(b, cached_value, heads, kv_heads, head_dim)
 

@@ -17,6 +17,7 @@ from engine_builder.network.masks import AttentionMasks, attention_masks
 from engine_builder.network.mlp import mlp
 from engine_builder.network.norms import checkpoint_norm
 from engine_builder.network.options import NetworkOptions
+from engine_builder.network.paged_attention import paged_masks
 from engine_builder.network.rope_frequencies import rope_frequencies
 from engine_builder.network.rotary import RotaryTables, rotary_tables
 from engine_builder.network.weights import CheckpointWeights
@@ -49,10 +50,19 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     input_ids = _input(io.INPUT_IDS, INT64, [io.BATCH, io.SEQ])
     position_ids = _input(io.POSITION_IDS, INT64, [io.BATCH, io.SEQ])
     past_lengths = _input(io.PAST_LENGTHS, INT64, [io.BATCH])
+    paged = options.kv_layout == "paged"
     kv = io.KVCacheLayout.of(cfg, options.max_seq_len, dtype_name, ckpt.quantization.kv_cache)
     kv_shape = list(kv.shape(io.BATCH))
     kv_dtype = {**DTYPES, "int8": ir.DataType.INT8}[kv.dtype]
-    past = [(_input(io.past_key(i), kv_dtype, kv_shape), _input(io.past_value(i), kv_dtype, kv_shape))
+    past_names, present_names = (io.past_key, io.past_value), (io.present_key, io.present_value)
+    extra_inputs: list[ir.Value] = []
+    if paged:  # a block pool and a block table instead of one row per sequence (network/paged_attention.py)
+        pool = io.PagedKVLayout.of(cfg, options.max_seq_len, dtype_name, ckpt.quantization.kv_cache,
+                                   options.kv_block_size)
+        kv_shape = list(pool.pool_shape(io.NUM_BLOCKS))
+        past_names, present_names = (io.kv_pool_key, io.kv_pool_value), (io.present_pool_key, io.present_pool_value)
+        extra_inputs = [_input(io.BLOCK_TABLE, INT64, [io.BATCH, io.MAX_BLOCKS])]
+    past = [(_input(past_names[0](i), kv_dtype, kv_shape), _input(past_names[1](i), kv_dtype, kv_shape))
             for i in range(cfg.num_layers)]
 
     with b.scope("embed"):
@@ -64,15 +74,19 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
             hidden = b.op("Add", hidden, b.op("Gather", w["pos_embed.weight"], position_ids, axis=0))
 
     attn = cfg.block.attention
-    masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len,
-                            attn.sliding_window if "sliding_attention" in attn.layer_types else None)
+    window = attn.sliding_window if "sliding_attention" in attn.layer_types else None
+    if paged:
+        masks = paged_masks(b, input_ids, past_lengths, extra_inputs[0], cfg.num_kv_heads, options.kv_block_size,
+                            window)
+    else:
+        masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len, window)
     rotaries = _rotaries(b, position_ids, cfg)
 
     presents: list[ir.Value] = []
     for i in range(cfg.num_layers):
         with b.scope(f"layers.{i}"):
             hidden, present_key, present_value = _decoder_layer(b, hidden, cfg, w, i, rotaries, masks, *past[i])
-        present_key.name, present_value.name = io.present_key(i), io.present_value(i)
+        present_key.name, present_value.name = present_names[0](i), present_names[1](i)
         present_key.shape = present_value.shape = ir.Shape(kv_shape)
         present_key.dtype = present_value.dtype = kv_dtype
         presents += [present_key, present_value]
@@ -100,7 +114,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     logits.shape = ir.Shape([io.BATCH, tail, cfg.vocab_size])
 
     graph = ir.Graph(
-        inputs=[input_ids, position_ids, past_lengths, *(v for pair in past for v in pair)],
+        inputs=[input_ids, position_ids, past_lengths, *extra_inputs, *(v for pair in past for v in pair)],
         outputs=[logits, *presents], nodes=b.tape.nodes, initializers=b.initializers,
         opset_imports={"": OPSET}, name=f"{cfg.architecture}_decoder")
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="trtbuild", producer_version=__version__)
@@ -109,6 +123,9 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         io.META_ALL_LOGITS: str(options.all_logits).lower(), io.META_DTYPE: dtype.name.lower(),
         io.META_LOGITS_TAIL: str(options.logits_tail),
     })
+    if paged:
+        model.metadata_props.update({io.META_KV_LAYOUT: "paged", io.META_KV_BLOCK_SIZE: str(options.kv_block_size),
+                                     io.META_KV_UPDATE: "in_place"})  # ScatterND into a pool bound over itself
     if cfg.rope.scaling.type == "longrope":
         # the tables switch once a sequence outgrows this length; keys already cached were rotated
         # with the short table, so (as transformers' phi3 generate does) the runner must re-prefill

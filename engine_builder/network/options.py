@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine_builder.formats.build_config import check_limit
+from engine_builder.formats.build_config import check_kv_layout, check_limit
 from engine_builder.util.errors import ConfigError
 
 ComputeDtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -22,9 +22,14 @@ class NetworkOptions:
     logits_tail: int = 1
     # activation dtype; "auto" computes in the checkpoint's dtype, anything else casts the weights
     dtype: ComputeDtype = "auto"
+    # slots: past_key.{i} [batch, kv_heads, max_seq, head_dim] per sequence; paged: a block pool read
+    # through a block table (formats/graph_io.py, network/paged_attention.py)
+    kv_layout: str = "slots"
+    kv_block_size: int = 16
 
     def validate(self) -> None:
         check_limit("max_seq_len", self.max_seq_len)
         check_limit("logits_tail", self.logits_tail)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype {self.dtype!r} is not one of auto, float32, float16, bfloat16")
+        check_kv_layout(self.kv_layout, self.kv_block_size)

@@ -72,18 +72,22 @@ def read_safetensors_index(path: Path) -> dict[str, StoredTensor]:
 class CheckpointWeights:
     """Canonical weight name -> graph value (an external initializer, cast to the compute dtype)."""
 
-    def __init__(self, ckpt_dir: Path, cfg: ModelConfig, b: GraphBuilder, quantization: Quantization = Quantization()):
+    def __init__(self, ckpt_dir: Path, cfg: ModelConfig, b: GraphBuilder, quantization: Quantization = Quantization(),
+                 file: str = WEIGHTS_FILE, shapes: dict[str, tuple[int, ...]] | None = None):
+        """FILE and SHAPES: another rank's file and what it holds (tp/pp shards, converters/parallel_shard.py)."""
         self.ckpt_dir = Path(ckpt_dir)
         self.quantization = quantization
+        self.file = file
         self._b = b
-        self._index = read_safetensors_index(self.ckpt_dir / WEIGHTS_FILE)
+        self._index = read_safetensors_index(self.ckpt_dir / file)
         self._values: dict[str, ir.Value] = {}
         self._layouts: dict[str, StoredLayout] = {}
-        self._check(cfg)
+        self._check(cfg, shapes)
 
-    def _check(self, cfg: ModelConfig) -> None:
+    def _check(self, cfg: ModelConfig, expected: dict[str, tuple[int, ...]] | None) -> None:
         check_scheme(self.quantization)
-        shapes = {name: shape for name, (shape, _) in expected_shapes(cfg).items()}
+        shapes = dict(expected) if expected is not None else \
+            {name: shape for name, (shape, _) in expected_shapes(cfg).items()}
         if cfg.tie_word_embeddings and "lm_head" in self.quantization.quantized:
             shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)  # FORMAT.md: stored beside embed
         for prefix in self.quantization.quantized:
@@ -100,7 +104,7 @@ class CheckpointWeights:
     def _expect(self, name: str, dtypes: tuple[ir.DataType, ...], shape: tuple[int, ...]) -> None:
         stored = self._index.get(name)
         if stored is None:
-            raise InputError(f"{self.ckpt_dir / WEIGHTS_FILE} has no tensor {name!r} that its "
+            raise InputError(f"{self.ckpt_dir / self.file} has no tensor {name!r} that its "
                              f"config.json requires; re-run `trtbuild convert`")
         if stored.shape != shape:
             raise InputError(f"{name!r} has shape {list(stored.shape)} but config.json implies "
@@ -131,7 +135,7 @@ class CheckpointWeights:
                      view_shape: tuple[int, ...] | None = None) -> ir.Value:
         s = self._index[name]
         dtype, shape = view or s.dtype, ir.Shape(view_shape or s.shape)
-        tensor = ir.ExternalTensor(WEIGHTS_FILE, s.offset, s.length, dtype, shape=shape, name=name,
+        tensor = ir.ExternalTensor(self.file, s.offset, s.length, dtype, shape=shape, name=name,
                                    base_dir=self.ckpt_dir)
         return self._b.initializer(ir.Value(name=name, shape=shape, type=ir.TensorType(dtype), const_value=tensor))
 

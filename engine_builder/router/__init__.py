@@ -8,6 +8,15 @@ imported, so it runs where no model does.
 """
 
 from engine_builder.router.router_config import POLICIES, RouterConfig
-from engine_builder.router.router_server import route
 
 __all__ = ["POLICIES", "RouterConfig", "route"]
+
+
+def __getattr__(name: str):
+    # `route` pulls in FastAPI and httpx (~0.3 s): loaded on first use, so `trtbuild run`, which imports
+    # the CLI's route command for its options only, does not pay for them (issue 16's cold start)
+    if name == "route":
+        from engine_builder.router.router_server import route
+
+        return route
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

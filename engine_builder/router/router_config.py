@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
-
 from engine_builder.util.errors import InputError
 
 POLICIES = ("round-robin", "least-load", "prefix-aware")
@@ -52,6 +50,8 @@ class RouterConfig:
 
 def backend_url(text: str) -> str:
     """`text` as a backend's base URL (scheme://host:port[/prefix], no trailing slash), or a one-line InputError."""
+    import httpx  # here, not at the top: every `trtbuild` command imports this module for route's options
+
     try:
         url = httpx.URL(text.strip())
     except (httpx.InvalidURL, TypeError) as exc:

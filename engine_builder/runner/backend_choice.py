@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_builder.runner import ort_backend, trt_backend  # noqa: F401  (each registers its backend)
+from engine_builder.runner import ort_backend, ort_paged, trt_backend  # noqa: F401  (each registers its backend)
 from engine_builder.runner.backend import Backend, registered_backends
 from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError
@@ -49,6 +49,12 @@ def open_backend(engine: EngineDir, backend: str = "auto", *,
     if engine.model.encoder is not None:  # the backends step a decoder; encoders have runner/embedder.py
         raise InputError(f"{engine.path} is an encoder ({engine.model.architecture}) engine: it computes embeddings, "
                          "not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or `trtbuild serve`")
+    if engine.manifest.mapping is not None:  # tp/pp: this is rank 0, driving the others (runner/parallel/)
+        from engine_builder.runner.parallel.parallel_backend import ParallelBackend
+
+        mapping = engine.manifest.mapping
+        return ParallelBackend.open(engine, threads=threads), BackendChoice(
+            "onnxruntime", f"tp={mapping.tp} pp={mapping.pp}: each rank's segments on onnxruntime, collectives between")
     choice = choose_backend(engine, backend)
     cls = next(c for c in registered_backends() if c.name == choice.name)
     return cls.open(engine, threads=threads), choice

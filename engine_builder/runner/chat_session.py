@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_builder.runner.llm import LLM
+from engine_builder.runner.paged_kv_cache import PagedPrefixCache
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.sampling_params import SamplingParams
 
@@ -47,7 +48,7 @@ class ChatSession:
         self.reuses = (bool(kv.keys) and llm.generator.backend.reprefill_after is None
                        and llm.generator.prefix_cache is not None)
         if self.reuses:
-            llm.generator.prefix_cache = PrefixCache(kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)
+            llm.generator.prefix_cache = _chat_cache(kv)
             llm.generator.cache_outputs = True
         self.messages: list[dict[str, Any]] = []
         self.last: TurnStats | None = None
@@ -57,7 +58,7 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         if self.reuses:  # the old conversation's blocks would only take memory
             gen = self.llm.generator
-            gen.prefix_cache = PrefixCache(gen.backend.kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)
+            gen.prefix_cache = _chat_cache(gen.backend.kv)
 
     def send(self, text: str) -> Iterator[str]:
         """Stream the assistant's answer to TEXT; the turn joins the history once the answer is complete."""
@@ -71,3 +72,11 @@ class ChatSession:
         self.last = TurnStats(len(out.prompt_token_ids), reused, len(out.token_ids),
                               timings.prefill_ms if timings else 0.0, timings.decode_seconds if timings else 0.0)
         self.messages = [*messages, {"role": "assistant", "content": out.text}]
+
+
+def _chat_cache(kv) -> PrefixCache | PagedPrefixCache:
+    """A paged engine's blocks are shared by reference (its pool evicts old turns when short); a slot
+    engine's are copied into a cache of their own."""
+    if getattr(kv, "paged", False) and kv.blocks.tree is not None:
+        return PagedPrefixCache(kv)
+    return PrefixCache(kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)

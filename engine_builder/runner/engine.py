@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_builder.formats.build_config import Limits
-from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.formats.graph_io import KVCacheLayout, PagedKVLayout
 from engine_builder.formats.manifest import ENGINE_FILE, GENERATION_CONFIG, ORT_MODEL, EngineManifest
 from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.formats.model_config import ModelConfig
@@ -38,7 +38,7 @@ class EngineDir:
             raise InputError(f"{path} was built from an exported ONNX graph (`trtbuild build --onnx`), which carries "
                              "no model config to generate with; build from a checkpoint: "
                              f"`trtbuild build <ckpt-dir> {path} --force`")
-        if not (path / ORT_MODEL).is_file():
+        if manifest.mapping is None and not (path / ORT_MODEL).is_file():  # tp/pp dirs: a graph per segment
             raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
                              "rebuild the engine dir")
         quant = manifest.checkpoint_quantization  # sized before any allocation
@@ -74,6 +74,18 @@ class EngineDir:
         """The cache model.onnx takes."""
         kv_cache = self.manifest.checkpoint_quantization.kv_cache
         return KVCacheLayout.of(self.model, self.limits.max_seq_len, self.twin_dtype, kv_cache)
+
+    @property
+    def kv_layout_kind(self) -> str:
+        """slots | paged (`build --kv-layout`; older manifests: slots)."""
+        return self.manifest.build.kv_layout
+
+    @property
+    def twin_paged_layout(self) -> PagedKVLayout:
+        """The block pool model.onnx takes when kv_layout_kind is paged."""
+        kv_cache = self.manifest.checkpoint_quantization.kv_cache
+        return PagedKVLayout.of(self.model, self.limits.max_seq_len, self.twin_dtype, kv_cache,
+                                self.manifest.build.kv_block_size)
 
     @property
     def targets(self) -> tuple[str, ...]:

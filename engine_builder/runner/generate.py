@@ -196,13 +196,23 @@ class Generator:
             self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
 
     def _prefill_scored(self, r: RequestState, start: int, end: int) -> np.ndarray:
-        """Prompt tokens start..end one per engine call, scoring each next prompt token (prompt_logprobs)."""
+        """Prompt tokens start..end, scoring each next prompt token (prompt_logprobs): in steps of up to
+        the graph's logits_tail tokens (16 by default), whose logits cover every position of the step
+        (one token per step on an engine built before logits_tail)."""
+        context = r.prompt_ids + r.token_ids
+        chunk = max(1, min(self.backend.logits_tail, self.backend.max_input_len))
         logits = None
-        for i in range(start, end):
-            logits = self.backend.step(r.slot, np.asarray([[r.prompt_ids[i]]], np.int64))  # [1, vocab]
-            self.backend.kv.advance(r.slot, 1)
-            if i + 1 < len(r.prompt_ids):
-                r.prompt_logprobs.append(score_prompt(logits, r.prompt_ids[i + 1], r.params.prompt_logprobs))
+        for at in range(start, end, chunk):
+            ids = np.asarray(context[at:min(end, at + chunk)], np.int64)[None, :]
+            self.backend.bind(r.slot, ids)
+            self.backend.execute()
+            tail = self.backend.read_tail_logits()[0]  # [seq, vocab]: position j predicts the token after ids[j]
+            self.backend.kv.advance(r.slot, ids.shape[1])
+            for j in range(ids.shape[1]):
+                if at + j + 1 < len(r.prompt_ids):
+                    r.prompt_logprobs.append(score_prompt(tail[j:j + 1], r.prompt_ids[at + j + 1],
+                                                          r.params.prompt_logprobs))
+            logits = tail[-1:]  # [1, vocab]
         return logits
 
     def reprefill(self, active: dict[int, RequestState], events: list[Event]) -> None:

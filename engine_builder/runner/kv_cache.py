@@ -8,7 +8,7 @@ graph multiplies masked positions by a zero probability, and NaN * 0 is NaN), an
 reserves prompt_len + max_new_tokens positions when admitted, so it can never run out of
 cache half-way through generation.
 
-Growing into paged blocks and prefix reuse keeps this interface:
+Paged blocks and prefix reuse (`build --kv-layout paged`, runner/paged_kv_cache.py) keep this interface:
   * allocate(request_id, prompt_len, max_new_tokens) stays the admission check. A paged
     manager would hand out blocks of a shared pool instead of a whole max_seq row, keep a
     per-request block table, and refuse only when the pool lacks free blocks.

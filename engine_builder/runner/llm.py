@@ -25,6 +25,7 @@ from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
+from engine_builder.runner.paged_kv_cache import paged_prefix_cache
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import Sampler, TokenLogprobs
@@ -102,7 +103,8 @@ class TokenStream:
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
-                 prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None) -> None:
+                 prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None,
+                 kv_cache_memory: int | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -112,6 +114,9 @@ class LLM:
         (runner/prefix_cache.py): a shared system prompt is prefilled once, a conversation's next turn
         prefills only the new turn. Greedy answers are the same with and without it. onnxruntime backend
         only, and not for longrope models (their cached keys change past a length); False turns it off.
+        kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
+        fraction of the available RAM); there prefix_cache shares cached blocks by reference
+        (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
@@ -130,7 +135,9 @@ class LLM:
         if self.tokenizer.eos_token_id is not None:
             eos.insert(0, self.tokenizer.eos_token_id)
         cache = None
-        if prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
+        if getattr(self.backend.kv, "paged", False):  # block pool (runner/paged_kv_cache.py)
+            cache = paged_prefix_cache(self.backend, prefix_cache, kv_cache_memory)
+        elif prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
             cache = PrefixCache(self.backend.kv, budget_bytes=prefix_cache_bytes)
         if spec is None:
             self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed), cache)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnxruntime as ort
@@ -106,10 +107,25 @@ def _producer_ops(node, name: str) -> list[tuple[str, str]]:
     return found
 
 
+def load_session(engine: EngineDir, threads: int | None = None,
+                 optimization_level: ort.GraphOptimizationLevel | None = None) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(engine.onnx_path),
+                                    session_options(engine.twin_dtype, threads, optimization_level),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
+        dtype = engine.twin_dtype
+        fix = ("rebuild the engine dir with this trtbuild" if dtype == "float32" else
+               f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 to run on CPU")
+        raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
+                               f"{str(exc).splitlines()[0]}; {fix}") from None
+
+
 @register_backend(preference=0)
 class OrtBackend(Backend):
     name = "onnxruntime"
     title = "onnxruntime"
+    layout_backends: ClassVar[dict[str, type[OrtBackend]]] = {}  # EngineDir.kv_layout_kind -> class
 
     @classmethod
     def usable(cls, engine: EngineDir) -> tuple[bool, str]:
@@ -117,22 +133,14 @@ class OrtBackend(Backend):
 
     @classmethod
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> OrtBackend:
-        return cls(engine, threads=threads)
+        # another KV layout's subclass (paged: runner/ort_paged.py registers itself here)
+        return cls.layout_backends.get(engine.kv_layout_kind, cls)(engine, threads=threads)
 
     def __init__(self, engine: EngineDir, *, threads: int | None = None,
                  optimization_level: ort.GraphOptimizationLevel | None = None,
                  kv_update: KVUpdate | None = None) -> None:
         self.engine = engine
-        try:
-            self.session = ort.InferenceSession(str(engine.onnx_path),
-                                                session_options(engine.twin_dtype, threads, optimization_level),
-                                                providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
-            dtype = engine.twin_dtype
-            fix = ("rebuild the engine dir with this trtbuild" if dtype == "float32" else
-                   f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 to run on CPU")
-            raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
-                                   f"{str(exc).splitlines()[0]}; {fix}") from None
+        self.session = load_session(engine, threads, optimization_level)
         layout = engine.twin_kv_layout
         _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)
         num_layers, max_seq = layout.num_layers, layout.max_seq

@@ -1,9 +1,11 @@
 """Logprobs of the prompt's own tokens (OpenAI's echo + logprobs, vLLM's prompt_logprobs): what an
 evaluation harness's loglikelihood requests read.
 
-The graph returns the logits of a step's last position only, so a request that asks for them has its
-prompt fed one token per engine call (as `trtbuild eval` scores text): each call's logits are
-log_softmax'ed in float32, exactly as the Sampler's raw logprobs. Position 0 has no logprob (nothing
+A step's logits cover its last logits_tail positions (16 by default; BuildConfig.logits_tail), so a
+request that asks for them has its prompt fed logits_tail tokens per engine call (Generator.
+_prefill_scored), every position scored; an engine built before logits_tail gives the last position
+only and is fed one token per call. Each position's logits are log_softmax'ed in float32, exactly as
+the Sampler's raw logprobs. Position 0 has no logprob (nothing
 predicts the first token): None there, as OpenAI returns null.
 """
 

@@ -120,6 +120,8 @@ class TrtBackend(Backend):
         """compatibility_verdict for the engine dir's rank0.engine, or why there is none."""
         if not engine.tensorrt or "tensorrt" not in engine.targets:
             return False, "the engine dir was built without the tensorrt target"
+        if engine.kv_layout_kind == "paged":  # the TensorRT runtime adapter binds slot caches only (so far)
+            return False, "the engine dir's KV layout is paged, which the TensorRT runtime adapter does not bind yet"
         from engine_builder.trt.compatibility import compatibility_verdict
 
         return compatibility_verdict(engine.tensorrt, engine_path=engine.engine_path)

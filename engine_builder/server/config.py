@@ -39,9 +39,9 @@ class ServerConfig:
     api_key: str | None = None  # when set, every generation route needs `Authorization: Bearer <key>`
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size (413 above)
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S  # seconds per request (504 / timeout event)
-    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS  # top_n_tokens / top_logprobs / logprobs (422 above)
-    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # stop strings per request (422 above)
-    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS  # characters per stop string (422 above)
+    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS  # top_n_tokens / top_logprobs / logprobs (refused above)
+    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # stop strings per request (refused above)
+    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS  # characters per stop string (refused above)
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""

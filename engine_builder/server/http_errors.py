@@ -8,9 +8,11 @@
 Every error says what to do next, on one line, like the CLI's, and never carries a traceback (an
 unexpected exception is logged by the server and answered with a generic 500). Statuses: 401 no or
 wrong key, 404 unknown model or route, 413 body over --max-request-bytes, 422 anything wrong with the
-request itself (malformed or non-UTF-8 JSON, bad fields, limits), 429 over --max-concurrent-requests,
-500 generation failed, 503 the server cannot generate (stopped), 504 over --request-timeout. 429 and
-503 carry Retry-After.
+request itself (malformed or non-UTF-8 JSON, bad fields, limits) on the TGI routes and 400 for the same
+on the OpenAI routes (/v1/*: what OpenAI and vLLM answer, and what the openai client raises as
+BadRequestError; a field of the wrong type names the field in the message and in error.param), 429 over
+--max-concurrent-requests, 500 generation failed, 503 the server cannot generate (stopped), 504 over
+--request-timeout. 429 and 503 carry Retry-After.
 """
 
 from __future__ import annotations
@@ -79,16 +81,25 @@ def is_openai_route(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def error_body(openai: bool, kind: ErrorKind, message: str) -> dict[str, Any]:
+def for_route(openai: bool, kind: ErrorKind) -> ErrorKind:
+    """The kind as a route's protocol answers it: a bad request is TGI's 422 but OpenAI's 400."""
+    if openai and kind.status == VALIDATION.status:
+        return ErrorKind(400, kind.tgi_type, kind.openai_type, kind.openai_code)
+    return kind
+
+
+def error_body(openai: bool, kind: ErrorKind, message: str, param: str | None = None) -> dict[str, Any]:
     """The JSON body of an error in OpenAI's or TGI's shape (also sent as an SSE event mid-stream)."""
     if openai:
-        return {"error": {"message": message, "type": kind.openai_type, "code": kind.openai_code, "param": None}}
+        return {"error": {"message": message, "type": kind.openai_type, "code": kind.openai_code, "param": param}}
     return {"error": message, "error_type": kind.tgi_type}
 
 
 def error_response(request: Request, kind: ErrorKind, message: str,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    body = error_body(is_openai_route(request.url.path), kind, message)
+                   headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
+    openai = is_openai_route(request.url.path)
+    kind = for_route(openai, kind)
+    body = error_body(openai, kind, message, param)
     return JSONResponse(body, status_code=kind.status, headers=with_retry_after(kind, headers))
 
 
@@ -119,11 +130,34 @@ def from_trtbuild_error(exc: TrtbuildError) -> ApiError:
     return ApiError(VALIDATION, str(exc))
 
 
+# pydantic names a union's members in an error's loc (`stop.list[function-after[...]]`, `stop.str`): not
+# fields, so left out of the field path a client reads
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc if p != "body" and not (
+        isinstance(p, str) and (p in _TYPE_TAGS or any(c in p for c in "[](), -"))))
+
+
+def validation_param(exc: RequestValidationError) -> str | None:
+    """The first bad field's path (`messages.0.role`), OpenAI's error.param; None for a bad body as a whole."""
+    for err in exc.errors():
+        loc = _field_path(err.get("loc", ()))
+        if loc:
+            return loc
+    return None
+
+
 def validation_message(exc: RequestValidationError) -> str:
-    """Pydantic's errors as one line: `parameters.temperature: Input should be a valid number; ...`."""
+    """Pydantic's errors as one line: `parameters.temperature: Input should be a valid number; ...`; the
+    errors of one field (a union's members) joined with "or"."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        loc = _field_path(err.get("loc", ()))
+        if loc and parts and parts[-1].startswith(f"{loc}: "):
+            parts[-1] += f" or {err.get('msg', 'invalid')}"
+            continue
         if err.get("type") == "json_invalid":
             parts.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})")
         elif err.get("type") == "missing" and not loc:
@@ -138,23 +172,26 @@ def validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> None:
     """JSON errors for every failure a request can meet; on_error(status) counts each (metrics)."""
 
+    def status(request: Request, kind: ErrorKind) -> int:  # what the client gets, and what is counted
+        return for_route(is_openai_route(request.url.path), kind).status
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         if exc.rejected:
-            on_error(exc.kind.status)
+            on_error(status(request, exc.kind))
         return error_response(request, exc.kind, exc.message, exc.headers)
 
     @app.exception_handler(TrtbuildError)
     async def trtbuild_error(request: Request, exc: TrtbuildError) -> JSONResponse:
         # SamplingParams and the tokenizer raise InputError for bad values: the request's fault
         err = from_trtbuild_error(exc)
-        on_error(err.kind.status)
+        on_error(status(request, err.kind))
         return error_response(request, err.kind, err.message)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        on_error(VALIDATION.status)
-        return error_response(request, VALIDATION, validation_message(exc))
+        on_error(status(request, VALIDATION))
+        return error_response(request, VALIDATION, validation_message(exc), param=validation_param(exc))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -162,7 +199,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
         # 400 for a body it could not parse (a non-UTF-8 body, too deep JSON): 422 with the reason, as
         # for malformed JSON
         if exc.status_code == 400:
-            on_error(VALIDATION.status)
+            on_error(status(request, VALIDATION))
             return error_response(request, VALIDATION, body_parse_message(exc.__cause__))
         on_error(exc.status_code)
         kind = {404: NOT_FOUND, 413: TOO_LARGE}.get(exc.status_code) or ErrorKind(

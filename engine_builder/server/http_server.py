@@ -39,6 +39,7 @@ from engine_builder.util.errors import InputError
 from engine_builder.util.listen_socket import bind, signals_ignored_after_uvicorn, url_of
 
 if TYPE_CHECKING:
+    from engine_builder.runner.speculative import SpeculativeConfig
     from engine_builder.server.generation import ServerState
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
@@ -57,10 +58,12 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
-          log_format: str | None = None, verify: bool = True) -> None:
+          log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
-    "json", an access-log line per request (server/access_log.py)."""
+    "json", an access-log line per request (server/access_log.py). speculative: every request of this
+    server decodes speculatively (runner/speculative/; same tokens at temperature 0), its acceptance
+    counted on /metrics (server/speculative_metrics.py)."""
     from engine_builder.executor import Executor
     from engine_builder.executor.scheduler_options import budget_total_tokens, scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS
@@ -101,21 +104,30 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     from engine_builder.runner.llm import LLM
     from engine_builder.server.asgi_app import create_app
 
-    with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads,
-                                                  prefix_cache=prefix_cache, verify=verify) as llm:
+    with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads, prefix_cache=prefix_cache,
+                                       verify=verify, speculative=speculative) as llm:
         executor = Executor(llm, scheduler)
         try:
             if log is not None:
                 log(f"{name}: {llm.backend_name} ({llm.backend_reason}); max batch {batch}, max input tokens "
                     f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
                     f"requests {config.max_concurrent_requests}, max request bytes {config.max_request_bytes}, "
-                    f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}")
+                    f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}"
+                    f"{_speculative_summary(speculative)}")
             app = create_app(executor, config, access_log=log if log_format else None,
                              log_format=log_format or "text")  # type: ignore[arg-type]
             with signals_ignored_after_uvicorn():
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         finally:
             executor.shutdown(drain=False)
+
+
+def _speculative_summary(config: SpeculativeConfig | None) -> str:
+    if config is None:
+        return ""
+    k = f"{config.num_draft_tokens} draft tokens" if config.num_draft_tokens else "adaptive draft length"
+    drafter = f" ({config.draft_engine})" if config.draft_engine else ""
+    return f", speculative {config.method}{drafter} with {k}"
 
 
 async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float,

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine_builder.server.speculative_metrics import register_speculative
+
 if TYPE_CHECKING:
     from engine_builder.executor import Executor, ExecutorStats, RequestHandle
     from engine_builder.runner.prefix_cache import PrefixCacheStats
@@ -130,6 +132,7 @@ class ServerMetrics:
         self.latency = Histogram("trtbuild_request_latency_seconds", "Arrival to the request's end.",
                                  buckets=LATENCY_BUCKETS, registry=r)
         r.register(_LiveCollector(executor, self.rate, active))
+        register_speculative(r, executor)  # `serve --speculative` only (speculative_metrics.py)
 
     def observe_end(self, handle: RequestHandle, finish_reason: str, disconnected: bool = False) -> None:
         self.requests.labels(finish_reason).inc()

@@ -40,7 +40,7 @@ from engine_builder.server.generation import (
     sse,
 )
 from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
-from engine_builder.server.openai_choices import check_n, n_outputs
+from engine_builder.server.openai_choices import admit_n, check_n, interleaved, n_outputs, usage
 from engine_builder.server.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine_builder.server.structured_output import check_constraint, openai_constraint
 
@@ -53,7 +53,7 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
     if body.model is not None and body.model != state.config.model_name:
         raise ApiError(MODEL_NOT_FOUND, f"model {body.model!r} does not exist on this server; it serves "
                                         f"{state.config.model_name!r} (see GET /v1/models)")
-    check_n(body.n, body.stream)
+    check_n(body.n)
     if body.stream_options is not None and not body.stream:
         raise ApiError(VALIDATION, "stream_options is only allowed with stream: true")
     check_stop(state.config, body.stop)
@@ -87,31 +87,40 @@ def _envelope(kind: str, model: str) -> Callable[..., dict[str, Any]]:
 
 
 def _usage(active: ActiveRequest) -> dict[str, int]:
-    prompt, completion = active.prompt_tokens, active.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return usage([active])
 
 
-def _stream(active: ActiveRequest, body: SamplingFields, make: Callable[..., dict[str, Any]],
-            choice: Callable[[str, TokenLogprobs | None, str | None], dict[str, Any]],
-            first: dict[str, Any] | None = None) -> EventStream:
-    """SSE chunks: one per token event, finish_reason on the last; then usage if asked; then [DONE]."""
+Choice = Callable[[str, TokenLogprobs | None, str | None], dict[str, Any]]
+
+
+def _stream(actives: list[ActiveRequest], body: SamplingFields, make: Callable[..., dict[str, Any]],
+            choices: list[Choice], first: dict[str, Any] | None = None) -> EventStream:
+    """SSE chunks: one per token event of any choice (tagged with its index; n > 1 interleaves them),
+    finish_reason on each choice's last; then usage if asked; then [DONE]. `first`: a chunk every choice
+    opens with (its index set here). A choice that fails ends the whole stream with the error event."""
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
     async def chunks() -> AsyncIterator[str]:
         if first is not None:
-            yield sse(make(choices=[first], **extra))
-        async for event in active.events():
+            for index in range(len(actives)):
+                yield sse(make(choices=[{**first, "index": index}], **extra))
+        async for index, event in interleaved(actives):
             if event.token_id is None:  # cancelled, failed or timed out
-                yield failed_sse(True, active)
+                yield failed_sse(True, actives[index])
                 yield sse("[DONE]")
                 return
-            yield sse(make(choices=[choice(event.text, event.logprob, event.finish_reason)], **extra))
+            chunk = choices[index](event.text, event.logprob, event.finish_reason)
+            yield sse(make(choices=[{**chunk, "index": index}], **extra))
         if include_usage:
-            yield sse(make(choices=[], usage=_usage(active)))
+            yield sse(make(choices=[], usage=usage(actives)))
         yield sse("[DONE]")
 
-    return EventStream(chunks(), on_close=active.close, openai=True)
+    def close(disconnected: bool) -> None:
+        for active in actives:
+            active.close(disconnected)
+
+    return EventStream(chunks(), on_close=close, openai=True)
 
 
 # --- /v1/completions ------------------------------------------------------------------------------
@@ -181,20 +190,24 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
                 "logprobs": lps(list(out.logprobs), (ids, list(out.prompt_logprobs)) if scored else None)
                 if lps and out.logprobs is not None else None, "finish_reason": out.finish_reason}
 
-    if body.n > 1:
-        outs, usage = await n_outputs(state, request, ids, params, "max_tokens", body.n)
-        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
-    # no await from here to the response: an admitted request is always closed by it (or by output())
-    active = admit(state, ids, params, "max_tokens")
-    logprobs = _CompletionLogprobs(state, 0 if scored else len(echo)) if body.logprobs is not None else None
+    if body.n > 1 and not body.stream:
+        outs, n_usage = await n_outputs(state, request, ids, params, "max_tokens", body.n)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=n_usage)
 
-    def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": delta, "logprobs": logprobs([lp]) if logprobs and lp else None,
-                "finish_reason": finish_reason}
+    def streamed_choice() -> Choice:
+        logprobs = _CompletionLogprobs(state, len(echo)) if body.logprobs is not None else None
 
-    if body.stream:
+        def choice(delta: str, lp: TokenLogprobs | None, finish_reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": delta, "logprobs": logprobs([lp]) if logprobs and lp else None,
+                    "finish_reason": finish_reason}
+
+        return choice
+
+    if body.stream:  # no await from here to the response: an admitted request is always closed by it
         first = {"index": 0, "text": echo, "logprobs": None, "finish_reason": None} if echo else None
-        return _stream(active, body, make, choice, first)
+        actives = admit_n(state, ids, params, "max_tokens", body.n)
+        return _stream(actives, body, make, [streamed_choice() for _ in actives], first)
+    active = admit(state, ids, params, "max_tokens")
     out = await active.output(request)
     return make(choices=[whole(0, out)], usage=_usage(active))
 
@@ -239,16 +252,18 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
                 "logprobs": _chat_logprobs(state, list(out.logprobs)) if out.logprobs else None,
                 "finish_reason": "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason}
 
-    if body.n > 1:
-        outs, usage = await n_outputs(state, request, ids, params, field, body.n)
+    if body.n > 1 and not body.stream:
+        outs, n_usage = await n_outputs(state, request, ids, params, field, body.n)
         make = _envelope("chat.completion", state.config.model_name)
-        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=usage)
-    active = admit(state, ids, params, field)
+        return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=n_usage)
     if body.stream:
         make = _envelope("chat.completion.chunk", state.config.model_name)
-        choice = tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
+        actives = admit_n(state, ids, params, field, body.n)
+        choices: list[Choice] = [tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
+                                 for _ in actives]
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return _stream(active, body, make, choice, first)
+        return _stream(actives, body, make, choices, first)
+    active = admit(state, ids, params, field)
     out = await active.output(request)
     make = _envelope("chat.completion", state.config.model_name)
     return make(choices=[whole(0, out)], usage=_usage(active))

@@ -1,7 +1,9 @@
-"""Request bodies of the OpenAI-compatible routes (pydantic; a bad field is a 422 naming it).
+"""Request bodies of the OpenAI-compatible routes (pydantic; a bad field is a 400 naming it).
 
 Unknown top-level fields are accepted and ignored, as vLLM does (clients send fields a server may not
-know, e.g. newer OpenAI options); a known field of the wrong type is a 422 naming it. top_k, min_p,
+know, e.g. newer OpenAI options); a known field of the wrong type is a 400 naming it (in the message and
+in error.param), as OpenAI answers it. Types are strict, as OpenAI checks them: "0.5" is not a number,
+"true" not a boolean, 2.0 not an integer (an integer is a number). top_k, min_p,
 repetition_penalty and the guided_* fields are accepted as extensions, with vLLM's names.
 """
 
@@ -23,7 +25,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Text | None = None
     temperature: float | None = None

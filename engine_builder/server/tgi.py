@@ -7,6 +7,10 @@ random one, reported in details.seed so it can be replayed. max_new_tokens defau
 router default), less when max_total_tokens leaves less room. temperature 0 means greedy (TGI
 refuses it; accepting it costs nothing).
 
+best_of > 1 (non-streamed, sampled, without a seed: TGI's rules) runs best_of sequences in one batch,
+each with its own random seed, and answers the one whose tokens' logprobs sum highest; with details,
+details.best_of_sequences holds the others, as TGI returns them. At most MAX_BEST_OF (OpenAI's n cap).
+
 One deliberate difference from TGI: a streamed token's `text` is the text that token adds to
 generated_text (an EOS token adds ""), so concatenating the streamed texts always gives
 generated_text; TGI sends the special token's own text ("</s>") there.
@@ -14,6 +18,7 @@ generated_text; TGI sends the special token's own text ("</s>") there.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,10 +45,12 @@ from engine_builder.server.generation import (
     sse,
 )
 from engine_builder.server.http_errors import VALIDATION, ApiError
+from engine_builder.server.openai_choices import MAX_N, admit_n
 from engine_builder.server.schema_types import Text
 from engine_builder.server.structured_output import TgiGrammar, check_constraint, tgi_constraint
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100
+MAX_BEST_OF = MAX_N
 
 router = APIRouter(tags=["TGI"])
 
@@ -66,8 +73,9 @@ class TgiParameters(BaseModel):
                                                              "--max-top-logprobs, 20 by default)")
     truncate: int | None = Field(None, ge=1, description="keep only the last N prompt tokens")
     decoder_input_details: bool = False
+    best_of: int | None = Field(None, ge=1, description=f"sample this many sequences, answer the likeliest "
+                                                       f"(needs sampling, no seed, no stream; at most {MAX_BEST_OF})")
     # TGI features this server does not have: accepted in the schema, refused unless neutral
-    best_of: int | None = None
     typical_p: float | None = None
     watermark: bool = False
     grammar: TgiGrammar | None = None  # json schema or regex (server/structured_output.py)
@@ -83,7 +91,7 @@ class TgiRequest(BaseModel):
 
 
 def _refuse_unsupported(p: TgiParameters) -> None:
-    unsupported = {"best_of": p.best_of not in (None, 1), "typical_p": p.typical_p not in (None, 1.0),
+    unsupported = {"typical_p": p.typical_p not in (None, 1.0),
                    "watermark": p.watermark, "adapter_id": p.adapter_id is not None,
                    "decoder_input_details": p.decoder_input_details}
     names = [k for k, v in unsupported.items() if v]
@@ -91,10 +99,31 @@ def _refuse_unsupported(p: TgiParameters) -> None:
         raise ApiError(VALIDATION, f"parameters {', '.join(names)} are not supported by this server; leave them out")
 
 
+def _sampled(p: TgiParameters) -> bool:
+    return p.do_sample or p.temperature not in (None, 1.0) or (p.top_k or 0) > 0 or p.top_p not in (None, 1.0)
+
+
+def _check_best_of(p: TgiParameters, stream: bool) -> None:
+    """TGI's own rules for best_of, with its messages' sense."""
+    if (p.best_of or 1) == 1:
+        return
+    if p.best_of > MAX_BEST_OF:
+        raise ApiError(VALIDATION, f"best_of must be at most {MAX_BEST_OF}, got {p.best_of}")
+    if stream:
+        raise ApiError(VALIDATION, "best_of > 1 is not supported when streaming tokens; send it to /generate")
+    if not _sampled(p):
+        raise ApiError(VALIDATION, "best_of > 1 needs sampling (do_sample: true, or a temperature, top_k or top_p); "
+                                   "greedy sequences would all be the same")
+    if p.seed is not None:
+        raise ApiError(VALIDATION, "seed must not be set when best_of > 1 (each sequence gets its own, reported in "
+                                   "details); leave seed out")
+
+
 def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: bool) -> SamplingParams:
-    sample = p.do_sample or p.temperature not in (None, 1.0) or (p.top_k or 0) > 0 or p.top_p not in (None, 1.0)
+    sample = _sampled(p)
     seed = p.seed if p.seed is not None or not sample else random.getrandbits(63)
-    want_logprobs = p.details or stream or p.top_n_tokens  # a streamed token always carries its logprob
+    # a streamed token always carries its logprob; best_of ranks sequences by theirs
+    want_logprobs = p.details or stream or p.top_n_tokens or (p.best_of or 1) > 1
     return state.executor.llm.default_params(
         max_new_tokens=max_new_tokens(state, prompt_len, p.max_new_tokens, TGI_DEFAULT_MAX_NEW_TOKENS,
                                       "max_new_tokens"),
@@ -105,9 +134,11 @@ def _sampling(state: ServerState, p: TgiParameters, prompt_len: int, stream: boo
         stop=p.stop, logprobs=(p.top_n_tokens or 0) if want_logprobs else None, **tgi_constraint(p.grammar))
 
 
-async def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRequest:
+async def _start(state: ServerState, body: TgiRequest, stream: bool) -> list[ActiveRequest]:
+    """The request admitted: one sequence, or best_of of them."""
     p = body.parameters
     _refuse_unsupported(p)
+    _check_best_of(p, stream)
     check_top_logprobs(state.config, p.top_n_tokens, "top_n_tokens")
     check_stop(state.config, p.stop)
     check_capacity(state)
@@ -116,7 +147,9 @@ async def _start(state: ServerState, body: TgiRequest, stream: bool) -> ActiveRe
         ids = ids[-p.truncate:]
     params = _sampling(state, p, len(ids), stream)
     check_constraint(state, params)
-    return admit(state, ids, params, "max_new_tokens")
+    if (p.best_of or 1) > 1:
+        return admit_n(state, ids, params, "max_new_tokens", p.best_of)
+    return [admit(state, ids, params, "max_new_tokens")]
 
 
 def _token(state: ServerState, token_id: int, logprob: float | None, text: str | None = None) -> dict[str, Any]:
@@ -138,25 +171,39 @@ def _generated_text(body: TgiRequest, text: str) -> str:
     return body.inputs + text if body.parameters.return_full_text else text
 
 
+def _details(state: ServerState, body: TgiRequest, active: ActiveRequest, out: RequestOutput) -> dict[str, Any]:
+    lps = out.logprobs or (None,) * len(out.token_ids)
+    details: dict[str, Any] = {
+        "finish_reason": _finish_reason(out), "generated_tokens": len(out.token_ids),
+        "seed": active.handle.params.seed, "prefill": [],
+        "tokens": [_token(state, t, lp.logprob if lp else None) for t, lp in zip(out.token_ids, lps)]}
+    if body.parameters.top_n_tokens:
+        details["top_tokens"] = [_top_tokens(state, lp) for lp in lps]
+    return details
+
+
+def _logprob_sum(out: RequestOutput) -> float:
+    return sum(lp.logprob for lp in out.logprobs or ())
+
+
 async def _generate(request: Request, body: TgiRequest, state: ServerState) -> dict[str, Any]:
-    active = await _start(state, body, stream=False)
-    out = await active.output(request)
+    actives = await _start(state, body, stream=False)
+    outs = list(await asyncio.gather(*(a.output(request) for a in actives)))
+    # best_of: the likeliest sequence first (ties: the earlier one), the others after it
+    order = sorted(range(len(outs)), key=lambda i: -_logprob_sum(outs[i]))
+    best, out = actives[order[0]], outs[order[0]]
     result: dict[str, Any] = {"generated_text": _generated_text(body, out.text)}
-    p = body.parameters
-    if p.details:
-        lps = out.logprobs or (None,) * len(out.token_ids)
-        details: dict[str, Any] = {
-            "finish_reason": _finish_reason(out), "generated_tokens": len(out.token_ids),
-            "seed": active.handle.params.seed, "prefill": [],
-            "tokens": [_token(state, t, lp.logprob if lp else None) for t, lp in zip(out.token_ids, lps)]}
-        if p.top_n_tokens:
-            details["top_tokens"] = [_top_tokens(state, lp) for lp in lps]
-        result["details"] = details
+    if body.parameters.details:
+        result["details"] = _details(state, body, best, out)
+        if len(outs) > 1:
+            result["details"]["best_of_sequences"] = [
+                {"generated_text": _generated_text(body, outs[i].text), **_details(state, body, actives[i], outs[i])}
+                for i in order[1:]]
     return result
 
 
 async def _generate_stream(body: TgiRequest, state: ServerState) -> EventStream:
-    active = await _start(state, body, stream=True)
+    active, = await _start(state, body, stream=True)
 
     async def events() -> AsyncIterator[str]:
         index = 0

@@ -19,10 +19,11 @@ from engine_builder.cli.commands import app  # noqa: E402
 
 KEYS = ["model", "quantization", "build", "fidelity", "targets", "dtype", "limits", "max_batch", "max_input_len",
         "max_seq_len", "compute_capabilities", "opt_level", "trt_flavour", "weights", "passes", "tensorrt",
-        "onnxruntime", "reference", "text", "max_tokens", "context", "max_ppl", "max_kl", "min_top1_agreement"]
+        "onnxruntime", "kv_layout", "kv_block_size",
+        "reference", "text", "max_tokens", "context", "max_ppl", "max_kl", "min_top1_agreement"]
 SET_KEYS = ["dtype", "targets", "opt_level", "weights", "trt_flavour", "compute_capabilities", "limits",
             "limits.max_batch", "limits.max_input_len", "limits.max_seq_len", "passes", "passes.tensorrt",
-            "passes.onnxruntime", "limits.nope", "nope.max_batch", ""]
+            "passes.onnxruntime", "kv_layout", "kv_block_size", "limits.nope", "nope.max_batch", ""]
 
 scalars = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=True)
            | st.text(max_size=12) | st.sampled_from(["all", "float32", "tensorrt", "onnxruntime", "sm80", ".nan"]))

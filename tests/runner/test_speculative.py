@@ -41,6 +41,8 @@ def test_greedy_tokens_identical_for_both_proposers(tiny_engine, arch, draft_arc
         _same(llm.generate(prompt_token_ids=PROMPTS, params=GREEDY), want)
         stats = llm.generator.stats
         assert stats.verify_steps > 0 and stats.draft_tokens >= stats.accepted_tokens
+        if config.num_draft_tokens:  # both prompts draft at once: one engine step verifies them together
+            assert stats.batched_verify_steps > 0
         if config.draft_engine == str(engine):
             assert stats.acceptance_rate == 1.0 and stats.mean_accepted_length > 2
 
@@ -181,7 +183,7 @@ def test_an_engine_without_logits_tail_is_refused(tiny_engine, tmp_path):
 
 
 def test_the_executor_drives_a_speculative_generator(tiny_engine):
-    """In-flight batching over LLM(..., speculative=...): requests verify one by one, rows without drafts
+    """In-flight batching over LLM(..., speculative=...): drafted requests verify together, rows without drafts
     decode together, chunked prefill rides along; every request's tokens equal plain greedy."""
     from engine_builder.executor import Executor, SchedulerConfig
 
@@ -193,3 +195,20 @@ def test_the_executor_drives_a_speculative_generator(tiny_engine):
         got = [h.result() for h in handles]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert llm.generator.stats.verify_steps > 0
+
+
+def test_batched_verify_with_a_free_slot_between_drafting_rows(tiny_engine):
+    """Three requests in slots 0, 1, 2; the middle one ends after 2 tokens, so slots 0 and 2 verify together
+    across the free slot 1 (it rides along at length 0). Every request's tokens equal plain greedy."""
+    from engine_builder.executor import Executor
+
+    engine, _ = tiny_engine("llama")
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][3:]]
+    params = [GREEDY, dataclasses.replace(GREEDY, max_new_tokens=2), GREEDY]
+    want = LLM(engine).generate(prompt_token_ids=prompts, params=params)
+    llm = LLM(engine, speculative=SpeculativeConfig("ngram", num_draft_tokens=4))
+    with Executor(llm) as executor:
+        handles = [executor.submit(p, sp) for p, sp in zip(prompts, params)]
+        got = [h.result() for h in handles]
+    _same(got, want)
+    assert llm.generator.stats.batched_verify_steps > 0

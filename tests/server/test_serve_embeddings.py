@@ -63,9 +63,9 @@ def test_what_the_server_refuses(oai, server):
     assert len(oai.embeddings.create(model=MODEL, input="x", dimensions=384).data[0].embedding) == 384
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         oai.embeddings.create(model="other", input="x")
-    with pytest.raises(openai.UnprocessableEntityError, match="at most 256"):
+    with pytest.raises(openai.BadRequestError, match="at most 256"):
         oai.embeddings.create(model=MODEL, input="word " * 400)
-    with pytest.raises(openai.UnprocessableEntityError, match="empty"):
+    with pytest.raises(openai.BadRequestError, match="empty"):
         oai.embeddings.create(model=MODEL, input=["fine", ""])
     for call in (lambda: oai.completions.create(model=MODEL, prompt="Hello"),
                  lambda: oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])):

@@ -3,8 +3,9 @@ clear refusal in the protocol's error shape, and never slows /health down.
 
     body size        413 before the body is read (Content-Length, or counted while chunks arrive)
     tokenizing       a large prompt is tokenized off the event loop: /health answers meanwhile
-    response size    top_n_tokens / top_logprobs / logprobs capped (422 naming the cap), stop sequences too
-    bad encodings    a non-UTF-8 body or a lone surrogate is a 422 with one message, never a 500
+    response size    top_n_tokens / top_logprobs / logprobs capped (422 / 400 naming the cap), stop sequences too
+    bad encodings    a non-UTF-8 body or a lone surrogate is a 422 (TGI) / 400 (OpenAI) with one message,
+                     never a 500
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def test_health_answers_at_once_while_large_prompts_are_tokenized(tiny_serve_eng
             stop.set()
             for t in threads:
                 t.join()
-    assert refused and set(refused) == {422}
+    assert refused and set(refused) == {400}
     latencies.sort()
     print(f"/health and /metrics under the flood: median {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
           f"max {latencies[-1] * 1e3:.1f} ms ({len(refused)} prompts of 1 MiB refused meanwhile)")
@@ -165,8 +166,8 @@ def test_tgi_bounds_are_422_naming_the_field_and_the_bound(tiny_server, path, bo
     ("/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, "max_total_tokens 96"),
     ("/v1/completions", {"prompt": "w5", "n": 17}, "n must be in [1, 16]"),
 ])
-def test_openai_bounds_are_422_naming_the_field_and_the_bound(tiny_server, path, body, needle):
-    assert_openai_error(post(tiny_server, path, body), 422, needle)
+def test_openai_bounds_are_400_naming_the_field_and_the_bound(tiny_server, path, body, needle):
+    assert_openai_error(post(tiny_server, path, body), 400, needle)
 
 
 def test_requests_at_the_bounds_are_served(tiny_server):
@@ -211,9 +212,9 @@ def test_bad_encodings_are_422_with_one_message(tiny_server, content, needle):
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
      "lone surrogate"),
 ])
-def test_bad_encodings_on_openai_routes_are_422(tiny_server, path, content, needle):
+def test_bad_encodings_on_openai_routes_are_400(tiny_server, path, content, needle):
     r = post(tiny_server, path, content=content, headers=JSON)
-    assert_openai_error(r, 422, needle)
+    assert_openai_error(r, 400, needle)
     assert "Traceback" not in r.text
 
 

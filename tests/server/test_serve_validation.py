@@ -55,10 +55,10 @@ def test_health_and_metrics_need_no_key(server):
     assert "trtbuild_requests_rejected_total" in httpx.get(f"{server.url}/metrics").text
 
 
-def test_malformed_json_is_422(server):
+def test_malformed_json_is_400_on_openai_routes_and_422_on_tgi_routes(server):
     r = post(server, "/v1/completions", content=b'{"prompt": "Hi",', headers={**AUTH, "Content-Type":
                                                                           "application/json"})
-    assert_openai_error(r, 422, "not valid JSON")
+    assert_openai_error(r, 400, "not valid JSON")
     r = post(server, "/generate", content=b"not json", headers={**AUTH, "Content-Type": "application/json"})
     assert_tgi_error(r, 422, "validation", "not valid JSON")
 
@@ -67,7 +67,7 @@ def test_malformed_json_is_422(server):
     ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools.0.function: Field required"),
-    ("/v1/chat/completions", {**CHAT, "n": 2, "stream": True}, "n > 1 is not streamed"),
+    ("/v1/chat/completions", {**CHAT, "n": 17, "stream": True}, "n must be in [1, 16]"),
     ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, "top_p must be in (0, 1]"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "Hi"}]}, "messages.0.role"),
@@ -76,8 +76,28 @@ def test_malformed_json_is_422(server):
     ("/v1/completions", {"prompt": "Hi", "presence_penalty": 5}, "presence_penalty"),
     ("/v1/completions", {}, "prompt: Field required"),
 ])
-def test_bad_openai_fields_are_422(server, path, body, needle):
-    assert_openai_error(post(server, path, body), 422, needle)
+def test_bad_openai_fields_are_400(server, path, body, needle):
+    assert_openai_error(post(server, path, body), 400, needle)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, "temperature"),  # a string is not a number
+    ("/v1/chat/completions", {**CHAT, "n": "2"}, "n"),
+    ("/v1/chat/completions", {**CHAT, "stream": "true"}, "stream"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 2.5}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": 1}, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "stop": 7}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "seed": True}, "seed"),
+    ("/v1/completions", {"prompt": "Hi", "echo": "yes"}, "echo"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": "up"}}, "logit_bias.5"),
+])
+def test_wrong_types_are_400_naming_the_field(server, path, body, param):
+    r = post(server, path, body)
+    assert_openai_error(r, 400, f"{param}: ")
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=param):  # what the official client raises for it
+        client.post(path.removeprefix("/v1"), body=body, cast_to=object)
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -92,15 +112,15 @@ def test_bad_tgi_fields_are_422(server, body, needle):
     assert_tgi_error(post(server, "/generate", body), 422, "validation", needle)
 
 
-def test_prompt_over_max_input_tokens_is_422_naming_the_limit(server):
-    assert_openai_error(post(server, "/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 1}), 422,
+def test_prompt_over_max_input_tokens_is_refused_naming_the_limit(server):
+    assert_openai_error(post(server, "/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 1}), 400,
                         "max_input_tokens", "at most 32")
     assert_tgi_error(post(server, "/generate", {"inputs": LONG_PROMPT}), 422, "validation", "max_input_tokens")
 
 
-def test_prompt_plus_new_tokens_over_max_total_tokens_is_422_naming_the_limit(server):
+def test_prompt_plus_new_tokens_over_max_total_tokens_is_refused_naming_the_limit(server):
     r = post(server, "/v1/chat/completions", {**CHAT, "max_tokens": 60})
-    assert_openai_error(r, 422, "max_total_tokens 64", "max_tokens 60")
+    assert_openai_error(r, 400, "max_total_tokens 64", "max_tokens 60")
     r = post(server, "/generate", {"inputs": "Hi there", "parameters": {"max_new_tokens": 63}})
     assert_tgi_error(r, 422, "validation", "max_total_tokens 64", "ask for at most 62")
     # without max_new_tokens the server's default shrinks to the room left instead of failing
@@ -108,9 +128,9 @@ def test_prompt_plus_new_tokens_over_max_total_tokens_is_422_naming_the_limit(se
     assert r.status_code == 200 and r.json()["details"]["generated_tokens"] <= 62
 
 
-def test_executor_input_error_is_422(server):
+def test_executor_input_error_is_400(server):
     # token ids outside the vocab pass the server's length checks; Executor.submit refuses them
-    assert_openai_error(post(server, "/v1/completions", {"prompt": [5, 99999999], "max_tokens": 2}), 422,
+    assert_openai_error(post(server, "/v1/completions", {"prompt": [5, 99999999], "max_tokens": 2}), 400,
                         "prompt token ids must be in [0, 49152)")
 
 

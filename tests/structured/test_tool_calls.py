@@ -79,10 +79,10 @@ def test_tool_result_in_history_and_tool_choice_none(client):
 
 
 def test_bad_tool_choice_is_refused(client):
-    with pytest.raises(openai.UnprocessableEntityError, match="get_time"):
+    with pytest.raises(openai.BadRequestError, match="get_time"):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
-    with pytest.raises(openai.UnprocessableEntityError, match="needs tools"):
+    with pytest.raises(openai.BadRequestError, match="needs tools"):
         client.chat.completions.create(model=MODEL, messages=ASK, tool_choice="required")
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.sampler import Sampler
-from engine_builder.runner.speculative.speculative_config import METHODS, SpeculativeConfig
 from engine_builder.runner.speculative.generator import SpeculativeGenerator
 from engine_builder.runner.speculative.proposer import Proposal, Proposer
+from engine_builder.runner.speculative.speculative_config import METHODS, SpeculativeConfig
 from engine_builder.runner.speculative.stats import SpeculativeStats
 
 __all__ = ["METHODS", "Proposal", "Proposer", "SpeculativeConfig", "SpeculativeGenerator", "SpeculativeStats",

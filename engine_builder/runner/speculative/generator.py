@@ -11,8 +11,12 @@ KV rollback: the step writes all k+1 positions, but the slot's length advances o
 were kept; rejected positions lie past the length, masked, and the next step overwrites them first
 (tests/runner/test_speculative_verify.py). The cache manager never counts them, so nothing leaks.
 
-Requests verify one at a time (each its own engine call: rows of different draft lengths would need
-padding); requests with no drafts this step share one plain batched decode step.
+Requests with drafts verify together: ONE engine step over the slot range they span, each row
+[last token, its drafts] padded to the longest row (padding, like rejected drafts, lies past the row's
+length: masked, overwritten first), rows between them riding along on padding as in a plain decode
+step. A single request with drafts, or a batch that cannot take the padded width (a row too near
+max_seq, a longrope model), verifies row by row. Requests with no drafts this step share one plain
+batched decode step, so a seeded request's draws never depend on what else shares the batch.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.speculative.acceptance import bonus_token, verify_token
-from engine_builder.runner.speculative.speculative_config import SpeculativeConfig
 from engine_builder.runner.speculative.draft_length import DraftLength, StepCosts
 from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal, Proposer
+from engine_builder.runner.speculative.speculative_config import SpeculativeConfig
 from engine_builder.runner.speculative.stats import SpeculativeStats
 from engine_builder.util.errors import UnsupportedError
 
@@ -60,6 +64,7 @@ class SpeculativeGenerator(Generator):
 
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
         plain: dict[int, RequestState] = {}
+        drafted: dict[int, tuple[RequestState, DraftLength, Proposal]] = {}
         for slot in sorted(active):
             r = active[slot]
             control = self._lengths.setdefault(id(r), DraftLength(self.cap, self.config.adaptive))
@@ -74,8 +79,13 @@ class SpeculativeGenerator(Generator):
                 control.observe(0, 0)
                 plain[slot] = r
                 continue
-            accepted = self._verify(r, proposal, events, clock)
-            control.observe(len(proposal.tokens), accepted)
+            drafted[slot] = (r, control, proposal)
+        if len(drafted) > 1 and self._fits_together(drafted):
+            self._verify_batch(drafted, events, clock)
+        else:
+            for r, control, proposal in drafted.values():
+                control.observe(len(proposal.tokens), self._verify(r, proposal, events, clock))
+        for slot, (r, _, _) in drafted.items():
             if r.slot is None:
                 del active[slot]
         if len(plain) == 1:
@@ -102,6 +112,41 @@ class SpeculativeGenerator(Generator):
             limit = min(limit, switch - length - 1)
         return limit
 
+    def _fits_together(self, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]]) -> bool:
+        """Can one step of width max(k) + 1 run over every slot from the first drafted to the last?"""
+        if self.backend.reprefill_after is not None:  # a padded row could cross the rope switch
+            return False
+        width = max(len(p.tokens) for _, _, p in drafted.values()) + 1
+        kv = self.backend.kv  # lengths, not length(): a free slot between two drafted ones rides along at 0
+        return bool((kv.lengths[min(drafted):max(drafted) + 1] + width <= kv.max_seq).all())
+
+    def _verify_batch(self, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]], events: list[Event],
+                      clock: StepClock | None) -> None:
+        """One engine step verifying every drafted request (see the module docstring), then each row's acceptance."""
+        started, execute_before = time.perf_counter(), self.backend.execute_seconds
+        lo, hi = min(drafted), max(drafted) + 1
+        width = max(len(p.tokens) for _, _, p in drafted.values()) + 1
+        ids = np.zeros((hi - lo, width), np.int64)  # rows riding along, and the padding: token 0
+        ids[:, 0] = self._next_ids[lo:hi, 0]
+        for slot, (_, _, proposal) in drafted.items():
+            ids[slot - lo, 1:len(proposal.tokens) + 1] = proposal.tokens
+        self.backend.bind(lo, ids)
+        self.backend.execute()
+        logits = self.backend.read_tail_logits()  # [rows, width, vocab]
+        emitted = 0
+        for slot, (r, control, proposal) in drafted.items():
+            accepted, kept = self._settle(r, proposal, logits[slot - lo, :len(proposal.tokens) + 1], events)
+            control.observe(len(proposal.tokens), accepted)
+            emitted += kept
+        seconds = time.perf_counter() - started
+        self.costs.observe_verify(width, seconds)
+        self.stats.batched_verify_steps += 1
+        if clock is not None:
+            clock.decode += seconds
+            clock.execute += self.backend.execute_seconds - execute_before
+            clock.decode_tokens += emitted
+            clock.decode_steps += 1
+
     def _verify(self, r: RequestState, proposal: Proposal, events: list[Event], clock: StepClock | None) -> int:
         """One engine step over [last token, *drafts] at r's slot; emits the kept tokens; how many drafts survived."""
         started, execute_before = time.perf_counter(), self.backend.execute_seconds
@@ -112,6 +157,24 @@ class SpeculativeGenerator(Generator):
         self.backend.bind(slot, ids)
         self.backend.execute()
         logits = self.backend.read_tail_logits()[0]  # [k+1, vocab]: position i predicts the token after ids[i]
+        accepted, emitted = self._settle(r, proposal, logits, events)
+        seconds = time.perf_counter() - started
+        if drafts:
+            self.costs.observe_verify(len(drafts) + 1, seconds)
+        else:
+            self.costs.observe_plain(seconds)
+            self.stats.plain_steps += 1
+        if clock is not None:
+            clock.decode += seconds
+            clock.execute += self.backend.execute_seconds - execute_before
+            clock.decode_tokens += emitted
+            clock.decode_steps += 1
+        return accepted
+
+    def _settle(self, r: RequestState, proposal: Proposal, logits: np.ndarray, events: list[Event]) -> tuple[int, int]:
+        """r's verdict on its drafts from the step's logits [k+1, vocab] (position i predicts the token after
+        input i): the kept tokens emitted, the cache advanced by them; (drafts accepted, tokens emitted)."""
+        slot, drafts = r.slot, proposal.tokens
         greedy = r.params.greedy
         rng = r.sampling.rng if r.sampling.rng is not None else self._rng
         accepted = emitted = 0
@@ -132,22 +195,12 @@ class SpeculativeGenerator(Generator):
             self._accept(r, token, logprobs, events)
             if not kept or r.slot is None:
                 break
-        seconds = time.perf_counter() - started
         if drafts:
-            self.costs.observe_verify(len(drafts) + 1, seconds)
             self.stats.verify_steps += 1
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_tokens += accepted
             self.stats.emitted_tokens += emitted
-        else:
-            self.costs.observe_plain(seconds)
-            self.stats.plain_steps += 1
-        if clock is not None:
-            clock.decode += seconds
-            clock.execute += self.backend.execute_seconds - execute_before
-            clock.decode_tokens += emitted
-            clock.decode_steps += 1
-        return accepted
+        return accepted, emitted
 
     def release(self, r: RequestState) -> None:
         self.proposer.release(r)

@@ -29,7 +29,7 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise InputError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}")
+            raise InputError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)} (or off)")
         if self.method == "draft" and not self.draft_engine:
             raise InputError("--speculative draft needs --draft-engine DIR (an engine dir built from a model "
                              "with the same tokenizer, e.g. an int4 build of the same checkpoint)")
@@ -64,11 +64,18 @@ class SpeculativeConfig:
 
 
 def from_flags(method: str | None, draft_engine: str | Path | None = None,
-               num_draft_tokens: int | None = None) -> SpeculativeConfig | None:
-    """`--speculative / --draft-engine / --num-draft-tokens` as one config (None: speculation off)."""
-    if method is None:
+               num_draft_tokens: int | None = None, engine_dir: str | Path | None = None) -> SpeculativeConfig | None:
+    """`--speculative / --draft-engine / --num-draft-tokens` as one config (None: speculation off). Without
+    --speculative, ENGINE_DIR's runtime.json (a recipe's runtime.speculative block) decides; `off` overrides it."""
+    if method is None or method == "off":
         if draft_engine is not None or num_draft_tokens is not None:
             raise InputError("--draft-engine and --num-draft-tokens need --speculative ngram|draft")
+        if method is None and engine_dir is not None and (Path(engine_dir) / "config.json").is_file():
+            from engine_builder.formats.runtime_config import read_runtime
+
+            spec = read_runtime(Path(engine_dir)).speculative
+            if spec is not None:
+                return SpeculativeConfig(spec.method, spec.draft_engine, spec.num_draft_tokens)
         return None
     return SpeculativeConfig(method, str(draft_engine) if draft_engine is not None else None,  # type: ignore[arg-type]
                              num_draft_tokens)

@@ -1,0 +1,123 @@
+"""Storage of the paged KV cache: per layer one numpy pool of fixed-size blocks, and a reference count per block.
+
+    keys[i], values[i]   [num_blocks, kv_heads, block_size, head_dim]   the graph's kv_pool_key.{i} / kv_pool_value.{i}
+                                                                         (formats/graph_io.py PagedKVLayout)
+
+Block 0 is the scratch block: never handed out, always referenced. Block-table entries past a sequence's
+blocks and the rows of idle sequences point at it, so the graph's reads of unused entries see finite values
+(masked) and its writes for rows that ride along idle land where nobody reads them.
+
+A block is free when its count is 0. Sequences and the radix tree (radix_blocks.py) each hold one reference
+per block they map, so a prefix shared by a cached tree node and three running sequences counts 4. An int8
+cache (`convert --kv-cache int8`) stores int8 here; its per-channel scales are constants of the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.util.errors import CapacityError, InputError
+
+SCRATCH_BLOCK = 0
+DEFAULT_RAM_FRACTION = 0.25  # of MemAvailable, when no kv_cache_memory is given
+
+
+def available_ram() -> int:
+    """MemAvailable of /proc/meminfo in bytes (total physical memory where it is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def numpy_kv_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":  # numpy has no bfloat16; onnxruntime takes ml_dtypes' one
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+class BlockPool:
+    def __init__(self, layout: PagedKVLayout, num_blocks: int) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
+            raise InputError(f"a KV block pool needs at least 2 blocks (one is scratch), got {num_blocks!r}; "
+                             "raise kv_cache_memory")
+        self.layout, self.num_blocks, self.block_size = layout, num_blocks, layout.block_size
+        self.dtype = numpy_kv_dtype(layout.dtype)
+        shape = layout.pool_shape(num_blocks)
+        # np.zeros maps zero pages lazily: blocks never written cost no RAM; zeros are finite, as the
+        # graph's masked reads of unused blocks need
+        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(layout.num_layers))
+        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(layout.num_layers))
+        self.refcount = np.zeros(num_blocks, np.int64)
+        self.refcount[SCRATCH_BLOCK] = 1
+        self._free = list(range(num_blocks - 1, 0, -1))  # a stack: the lowest id comes out first
+
+    @classmethod
+    def for_budget(cls, layout: PagedKVLayout, kv_cache_memory: int | None = None,
+                   min_blocks: int = 2, max_blocks: int | None = None) -> BlockPool:
+        """As many blocks as kv_cache_memory bytes hold (default: a quarter of the available RAM, up to
+        max_blocks), at least min_blocks."""
+        if kv_cache_memory is None:
+            kv_cache_memory = int(available_ram() * DEFAULT_RAM_FRACTION)
+        if isinstance(kv_cache_memory, bool) or not isinstance(kv_cache_memory, int) or kv_cache_memory < 1:
+            raise InputError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
+        blocks = kv_cache_memory // layout.bytes_per_block
+        if max_blocks is not None:
+            blocks = min(blocks, max_blocks)
+        if blocks < min_blocks:
+            raise CapacityError(f"kv_cache_memory {kv_cache_memory} bytes holds {blocks} KV blocks of "
+                                f"{layout.bytes_per_block} bytes, fewer than the {min_blocks} needed; give at "
+                                f"least {min_blocks * layout.bytes_per_block} bytes")
+        return cls(layout, int(blocks))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - 1 - len(self._free)
+
+    def take(self, n: int) -> list[int]:
+        """n free blocks, each with one reference (the caller's)."""
+        if n > len(self._free):
+            raise CapacityError(f"the KV cache needs {n} free blocks but has {len(self._free)} of "
+                                f"{self.num_blocks - 1}; wait for running requests to finish, or raise "
+                                "kv_cache_memory")
+        out = [self._free.pop() for _ in range(n)]
+        self.refcount[out] = 1
+        return out
+
+    def incref(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            if self.refcount[b] < 1:
+                raise ValueError(f"block {b} is free; only a referenced block can be shared")
+            self.refcount[b] += 1
+
+    def decref(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            if b == SCRATCH_BLOCK or self.refcount[b] < 1:
+                raise ValueError(f"block {b} is not referenced (freed twice?)")
+            self.refcount[b] -= 1
+            if self.refcount[b] == 0:
+                self._free.append(int(b))
+
+    def copy(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Block src[i]'s keys and values -> block dst[i], every layer."""
+        for pool in (*self.keys, *self.values):
+            pool[list(dst)] = pool[list(src)]

@@ -1,0 +1,206 @@
+"""The paged KV cache behind the slot interface the generation loop calls (kv_cache.py's KVCacheManager).
+
+A slot is still a batch row of the engine step, but it owns no max_seq row: it maps blocks of a shared
+pool (block_manager.py), and the backend feeds the graph `block_table` [rows, max_blocks] from the
+per-slot table kept here (formats/graph_io.py, paged layout). allocate / length / advance / rewind /
+free keep KVCacheManager's meaning, so runner/generate.py and the executor drive it unchanged; prefix
+reuse goes through PagedPrefixCache (PrefixCache's load/store), which maps cached blocks into a slot by
+reference instead of copying them.
+
+Admission reserves prompt + max_new_tokens positions of blocks (so a request never runs out half-way,
+as with slots); cached prefix blocks count once however many requests map them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.runner.block_manager import BlockManager
+from engine_builder.runner.block_pool import SCRATCH_BLOCK, BlockPool
+from engine_builder.runner.prefix_cache import PrefixCacheStats
+from engine_builder.util.errors import CapacityError, InputError
+
+
+class PagedKVCacheManager:
+    paged = True
+
+    def __init__(self, layout: PagedKVLayout, batch_slots: int, pool: BlockPool, prefix_cache: bool = True) -> None:
+        if isinstance(batch_slots, bool) or not isinstance(batch_slots, int) or batch_slots < 1:
+            raise InputError(f"KV cache batch_slots must be a positive integer, got {batch_slots!r}")
+        self.layout, self.pool = layout, pool
+        self.blocks = BlockManager(pool, prefix_cache)
+        self.num_layers, self.batch_slots, self.max_seq = layout.num_layers, batch_slots, layout.max_seq
+        self.block_size, self.dtype = layout.block_size, pool.dtype
+        self.keys, self.values = pool.keys, pool.values  # [num_blocks, kv_heads, block_size, head_dim] per layer
+        # [slots, max_blocks_per_seq]: pool block of each logical block; SCRATCH_BLOCK where none
+        self.block_table = np.full((batch_slots, layout.max_blocks_per_seq), SCRATCH_BLOCK, np.int64)
+        self.lengths = np.zeros(batch_slots, np.int64)  # [slots] = graph past_lengths
+        self._reserved = np.zeros(batch_slots, np.int64)
+        self._owner: list[object | None] = [None] * batch_slots
+        self._slot_of: dict[object, int] = {}
+
+    @classmethod
+    def for_layout(cls, layout: PagedKVLayout, batch_slots: int, kv_cache_memory: int | None = None,
+                   prefix_cache: bool = True) -> PagedKVCacheManager:
+        """A pool of kv_cache_memory bytes (default: a fraction of the available RAM) holding at least one
+        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks)."""
+        pool = BlockPool.for_budget(layout, kv_cache_memory, min_blocks=layout.max_blocks_per_seq + 1,
+                                    max_blocks=layout.max_pool_blocks(batch_slots))
+        return cls(layout, batch_slots, pool, prefix_cache)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.nbytes
+
+    @property
+    def num_free(self) -> int:
+        return self._owner.count(None)
+
+    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
+        """Reserve a slot and blocks for prompt + max_new_tokens positions; the slot (lowest free first)."""
+        if request_id in self._slot_of:
+            raise InputError(f"request {request_id!r} already holds KV cache slot {self._slot_of[request_id]}; "
+                             "use a unique request id")
+        if prompt_len < 1:
+            raise InputError(f"request {request_id!r} has an empty prompt; give at least one token")
+        if max_new_tokens < 1:
+            raise InputError(f"request {request_id!r}: max_new_tokens must be >= 1, got {max_new_tokens}")
+        needed = prompt_len + max_new_tokens
+        if needed > self.max_seq:
+            raise CapacityError(
+                f"request {request_id!r} needs {needed} positions (prompt {prompt_len} + max_new_tokens "
+                f"{max_new_tokens}), engine max_seq_len is {self.max_seq}; shorten the prompt or lower "
+                f"max_new_tokens, or rebuild with --max-seq-len")
+        if None not in self._owner:
+            raise CapacityError(
+                f"all {self.batch_slots} KV cache slots are in use; wait for a running request to finish "
+                f"(free its slot) before admitting request {request_id!r}, or rebuild the engine for a larger batch")
+        slot = self._owner.index(None)
+        self.blocks.allocate(slot, needed)  # CapacityError when the pool is short even after eviction
+        self._owner[slot], self._slot_of[request_id] = request_id, slot
+        self.lengths[slot], self._reserved[slot] = 0, needed
+        self._sync(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        owner = self._check_slot(slot)
+        self.blocks.free(slot)
+        self.lengths[slot] = self._reserved[slot] = 0
+        self._owner[slot] = None
+        del self._slot_of[owner]
+        self._sync(slot)
+
+    def length(self, slot: int) -> int:
+        self._check_slot(slot)
+        return int(self.lengths[slot])
+
+    def reserved(self, slot: int) -> int:
+        self._check_slot(slot)
+        return int(self._reserved[slot])
+
+    def slot_of(self, request_id: object) -> int | None:
+        return self._slot_of.get(request_id)
+
+    def advance(self, slot: int, num_tokens: int) -> None:
+        """Record that the engine wrote num_tokens more positions into this slot."""
+        self._check_slot(slot)
+        new_length = int(self.lengths[slot]) + num_tokens
+        if num_tokens < 0 or new_length > self._reserved[slot]:
+            raise ValueError(f"slot {slot} would hold {new_length} positions but reserved {self._reserved[slot]}")
+        self.blocks.advance(slot, num_tokens)
+        self.lengths[slot] = new_length
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Forget positions length.. of this slot (e.g. to re-prefill a sequence)."""
+        self._check_slot(slot)
+        self.blocks.truncate(slot, length)
+        self.lengths[slot] = length
+
+    def prepare_write(self, first: int, rows: int, seq: int) -> None:
+        """Before a step writing seq positions at each busy slot's length in [first, first + rows): copy
+        shared blocks among them (copy-on-write), so a cached or forked block is never overwritten."""
+        for slot in range(first, first + rows):
+            if self._owner[slot] is None:
+                continue  # idle row: its table is all scratch
+            start = int(self.lengths[slot])
+            end = min(start + seq, int(self._reserved[slot]))
+            if end > start and self.blocks.make_writable(slot, start, end):
+                self._sync(slot)
+
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Each dst slot (allocated) becomes a fork of its src slot: beam fan-out and reordering, by reference."""
+        src, dst = [int(s) for s in src], [int(d) for d in dst]
+        for s in (*src, *dst):
+            self._check_slot(s)
+        lengths = [int(self.lengths[s]) for s in src]
+        self.blocks.fork_many(src, dst)
+        for d, n in zip(dst, lengths):
+            self.blocks.reserve(d, int(self._reserved[d]))
+            self.lengths[d] = n
+            self._sync(d)
+
+    # --- prefix reuse (PagedPrefixCache) ------------------------------------------------------------
+
+    def load_prefix(self, tokens: Sequence[int], slot: int) -> int:
+        """Map the longest cached prefix of TOKENS into SLOT (just allocated, empty); its length in tokens."""
+        if self.length(slot) != 0:
+            raise ValueError(f"slot {slot} already holds {self.length(slot)} positions")
+        cached = self.blocks.match_prefix(tokens)
+        if not cached:
+            return 0
+        # the fresh blocks admission reserved for those positions go back: the cached ones replace them
+        self.blocks.free(slot)
+        self.blocks.allocate(slot, int(self._reserved[slot]), prefix=cached)
+        filled = len(cached) * self.block_size
+        self.lengths[slot] = filled
+        self._sync(slot)
+        return filled
+
+    def store_prefix(self, tokens: Sequence[int], slot: int) -> int:
+        return self.blocks.cache(slot, tokens[:self.length(slot)])
+
+    def _sync(self, slot: int) -> None:
+        row = self.blocks.blocks(slot) if self._owner[slot] is not None else []
+        self.block_table[slot, :len(row)] = row
+        self.block_table[slot, len(row):] = SCRATCH_BLOCK
+
+    def _check_slot(self, slot: int) -> object:
+        if not 0 <= slot < self.batch_slots:
+            raise ValueError(f"slot {slot} is out of range [0, {self.batch_slots})")
+        owner = self._owner[slot]
+        if owner is None:
+            raise ValueError(f"slot {slot} is not allocated (already freed?)")
+        return owner
+
+
+class PagedPrefixCache:
+    """PrefixCache's interface (load / store / stats) over a PagedKVCacheManager's radix tree: a hit maps
+    cached blocks into the request's table by reference instead of copying their KV into its slot."""
+
+    def __init__(self, kv: PagedKVCacheManager) -> None:
+        if kv.blocks.tree is None:
+            raise ValueError("this paged KV cache was made without a prefix cache")
+        self.kv, self.block_size = kv, kv.block_size
+
+    def load(self, tokens: Sequence[int], slot: int) -> int:
+        return self.kv.load_prefix(tokens, slot)
+
+    def store(self, tokens: Sequence[int], slot: int) -> None:
+        self.kv.store_prefix(tokens, slot)
+
+    def stats(self) -> PrefixCacheStats:
+        s = self.kv.blocks.tree.stats()
+        return PrefixCacheStats(s.blocks, s.blocks * self.kv.layout.bytes_per_block, s.hit_tokens, s.lookup_tokens)
+
+
+def paged_prefix_cache(backend, prefix_cache: bool, kv_cache_memory: int | None) -> PagedPrefixCache | None:
+    """Size a paged backend's pool (kv_cache_memory bytes, when given) and its prefix reuse for LLM(...):
+    not for longrope models, whose cached keys change past a length."""
+    if kv_cache_memory is not None:
+        backend.resize_kv(kv_cache_memory)
+    if prefix_cache and backend.reprefill_after is None:
+        return PagedPrefixCache(backend.kv)
+    return None
