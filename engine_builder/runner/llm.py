@@ -144,8 +144,10 @@ class LLM:
         else:
             self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos, Sampler(seed), cache,
                                                     seed=seed, threads=threads)
-        # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse)
-        self._generator.cache_outputs = cache is not None
+        # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
+        # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
+        # keep answers themselves, runner/chat_session.py)
+        self._generator.cache_outputs = isinstance(cache, PrefixCache)
 
     # --- parameters and prompts -------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""`trtbuild serve` scheduling through a real server and the openai client: /metrics reports the KV budget, the
-prefix cache's hit rate on a chat's second turn (the previous turn's KV reused) and a preemption, and every
-answer equals the same request run alone on an LLM without a prefix cache."""
+"""`trtbuild serve` scheduling through a real server and the openai client: /metrics reports the KV budget and the
+prefix cache's hit rate on a chat's second turn (the previous turn's KV reused), and every answer equals the same
+request run alone on an LLM without a prefix cache (preemption: test_serve_preemption.py)."""
 
 from __future__ import annotations
 
@@ -46,26 +46,7 @@ def test_metrics_report_the_budget_and_a_chat_turn_reusing_the_last(tiny_server,
     assert m["trtbuild_kv_blocks_used"] == 0 and m["trtbuild_prefix_cache_blocks"] >= 1
 
 
-def test_an_urgent_request_preempts_and_both_answers_stay_exact(tiny_server, alone):
-    # a prompt whose greedy answer runs all 80 tokens (no EOS), so it is still decoding when the urgent one comes
-    long = next(m for m in ([{"role": "user", "content": f"w{i} w{i + 1} w{i + 2}"}] for i in range(50, 90))
-                if len(alone(m, 80).token_ids) == 80)
-    urgent = [{"role": "user", "content": "w7 w8 w9"}]
-    client = _client(tiny_server)
-    before = metrics(tiny_server.url)["trtbuild_preemptions_total"]
-    stream = client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=80, stream=True,
-                                            extra_body={"priority": 5})
-    parts = [next(iter(stream)).choices[0].delta.content or ""]
-    r = client.chat.completions.create(model=MODEL, messages=urgent, temperature=0, max_tokens=8,
-                                       extra_body={"priority": -1})
-    parts += [c.choices[0].delta.content or "" for c in stream if c.choices]
-    assert r.choices[0].message.content == alone(urgent, 8).text
-    assert "".join(parts) == alone(long, 80).text
-    m = wait_idle(tiny_server.url)
-    assert m["trtbuild_preemptions_total"] - before == 1
-
-
 def test_priority_must_be_an_integer(tiny_server):
-    with pytest.raises(openai.UnprocessableEntityError, match="priority"):
+    with pytest.raises(openai.BadRequestError, match="priority"):  # OpenAI routes answer 400 naming the field
         _client(tiny_server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w5"}],
                                                      max_tokens=2, extra_body={"priority": "high"})
