@@ -29,6 +29,8 @@ def chat(
                                                            "tokenizer, e.g. an int4 build).")] = None,
     num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
                                                               "to the acceptance rate).")] = None,
+    prefix_cache: Annotated[bool, typer.Option(help="Keep the conversation's KV between turns, so each turn "
+                                                    "prefills only what is new (onnxruntime backend).")] = True,
 ) -> None:
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
@@ -43,7 +45,7 @@ def chat(
     from engine_builder.runner.speculative.speculative_config import from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
-    llm = LLM(engine_dir, backend=backend, speculative=spec)
+    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

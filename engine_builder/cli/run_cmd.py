@@ -61,6 +61,8 @@ def run(
                                                            "tokenizer, e.g. an int4 build).")] = None,
     num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
                                                               "to the acceptance rate).")] = None,
+    prefix_cache: Annotated[bool, typer.Option(help="Reuse cached KV blocks of earlier prompts (onnxruntime "
+                                                    "backend; same answers at temperature 0).")] = True,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -101,7 +103,7 @@ def run(
 
     from engine_builder.runner.llm import LLM
 
-    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec)
+    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)

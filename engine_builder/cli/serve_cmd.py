@@ -49,9 +49,19 @@ def serve(
                                               "onnxruntime), tensorrt or onnxruntime.")] = "auto",
     threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads (default: the physical "
                                                      "cores).")] = None,
-    prefix_cache: Annotated[bool, typer.Option(help="Reuse the KV of earlier prompts' full 16-token blocks for "
-                                                    "requests that start the same way (a shared system prompt "
-                                                    "is prefilled once); onnxruntime backend.")] = False,
+    prefix_cache: Annotated[bool, typer.Option(help="Reuse the KV of earlier prompts' and answers' full 16-token "
+                                                    "blocks for requests that start the same way (a shared "
+                                                    "system prompt is prefilled once, a chat's next turn "
+                                                    "prefills only the new turn); onnxruntime backend.")] = True,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Prompt tokens prefilled per step while other "
+                                                                    "requests decode (chunked prefill): lower keeps "
+                                                                    "their inter-token gaps short. Default: "
+                                                                    "auto, what costs about one decode step.")]
+    = None,
+    kv_budget_tokens: Annotated[int | None, typer.Option(help="KV cache tokens all running requests may hold "
+                                                              "together (each holds prompt + max_new_tokens, in "
+                                                              "16-token blocks); default: max_batch x "
+                                                              "max_seq_len.")] = None,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
                                                          "finish before they are cancelled.")]
     = DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -113,6 +123,7 @@ def serve(
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
                  threads=threads, prefix_cache=prefix_cache, shutdown_timeout=shutdown_timeout,
+                 max_num_batched_tokens=max_num_batched_tokens, kv_budget_tokens=kv_budget_tokens,
                  max_request_bytes=max_request_bytes,
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,

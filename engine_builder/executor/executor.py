@@ -6,7 +6,8 @@
     executor.shutdown()
 
 Each step of the loop: take cancellations (their slots are freed at once) -> admit waiting requests
-(FCFS, scheduler.py) -> prefill chunks within the step's token budget -> one batched decode for
+(by priority and KV budget, preempting less urgent ones: scheduler.py)
+-> prefill chunks within the step's token budget -> one batched decode for
 every running sequence -> emit each new token to its handle -> retire finished requests. New
 requests join at the next step boundary: nobody waits for a batch to drain.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,6 +55,11 @@ class ExecutorStats:
     tokens_generated: int
     steps: int  # loop steps that ran the engine
     requests_failed: int = 0  # ended with "error"
+    kv_block_tokens: int = 0  # the scheduler's KV budget (executor/kv_budget.py): tokens per block
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0  # held by running requests (prompt + max_new_tokens each, in blocks)
+    preemptions: int = 0  # running requests preempted (recompute) for more urgent ones
+    chunked_prefill_steps: int = 0  # prefill chunks that left part of a prompt for a later step
 
 
 class Executor:
@@ -87,6 +94,7 @@ class Executor:
                              "num_beams=1, or LLM.generate without an executor for beam search")
         ids = [int(t) for t in prompt_token_ids]
         self._generator.check(ids, params)
+        self._scheduler.check(ids, params)
         request_id = next(self._ids)
         state = self._generator.new_request(request_id, ids, params)  # checks the ids against the vocab
         handle = RequestHandle(request_id, tuple(ids), params, self._cancel)
@@ -104,9 +112,12 @@ class Executor:
 
     def stats(self) -> ExecutorStats:
         with self._lock:
-            running, max_batch = len(self._scheduler.running), self._scheduler.max_batch
-            return ExecutorStats(len(self._scheduler.waiting), running, max_batch, max_batch - running,
-                                 self._finished, self._cancelled, self._tokens, self._steps, self._failed)
+            sched = self._scheduler
+            running, max_batch, kv = len(sched.running), sched.max_batch, sched.kv_stats()
+            return ExecutorStats(len(sched.waiting), running, max_batch, max_batch - running,
+                                 self._finished, self._cancelled, self._tokens, self._steps, self._failed,
+                                 kv.block_size, kv.total_blocks, kv.used_blocks, sched.resumes.preemptions,
+                                 sched.chunked_prefill_steps)
 
     @property
     def alive(self) -> bool:
@@ -173,16 +184,20 @@ class Executor:
         events: list[Event] = []
         failures: list[tuple[RequestState, BaseException]] = []
         for r, n in sched.prefill_plan():
+            started = time.perf_counter()
             try:
                 gen.prefill(r, events, n)
             except Exception as exc:  # this request's engine call or sampling failed
                 failures.append((r, exc))
+            sched.step_budget.observe_prefill(n, time.perf_counter() - started)
         failed_ids = {r.index for r, _ in failures}
         decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
         try:
             gen.reprefill(decoding, events)
             if decoding:
+                started = time.perf_counter()
                 gen.decode(decoding, events)
+                sched.step_budget.observe_decode(time.perf_counter() - started)
         except Exception as exc:  # the batched call failed: every request in it fails
             failures += [(r, exc) for r in decoding.values() if not r.finished]
 

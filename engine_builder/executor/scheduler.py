@@ -1,15 +1,18 @@
-"""The executor's scheduling policy: who gets a KV slot, and how many prompt tokens run per step.
+"""The executor's scheduling policy: who runs, how much KV each may hold, how many prompt tokens run per step.
 
-    admit     first come, first served: the oldest waiting request takes a slot while one is free,
-              fewer than max_batch run, and its reservation fits (KVCacheManager.allocate reserves
-              prompt + max_new_tokens <= max_seq up front, so an admitted request never runs out
-              of cache; submit already refused requests that could never fit). A request that
-              cannot be admitted blocks the ones behind it: no overtaking, so none starves.
-    prefill   admitted requests whose prompts are not fully in the cache share a budget of
-              max_tokens_per_step prompt tokens per step, oldest first; a longer prompt continues
-              next step where it stopped (chunked prefill). The budget counts prompt tokens only:
-              every running decode gets its token each step whatever the prompts, so a long prompt
-              delays the others by at most one budget's worth of engine time per step.
+    admit     by priority (lower first), then arrival: a waiting request enters when a row is free
+              (fewer than max_batch run, a KV slot is free) and the KV budget has the blocks it needs,
+              prompt + max_new_tokens rounded up to blocks (kv_budget.py). The budget, not the slot
+              count, is what bounds concurrency: with a budget of 4 full max_seq_len sequences an
+              engine with 32 slots runs 32 short requests together. A more urgent request that does
+              not fit preempts less urgent ones (preemption.py: recompute, identical tokens); a
+              long request that does not fit may be overtaken by smaller ones at most max_overtakes
+              times, then it blocks those behind it until it fits (admission.py).
+    prefill   requests whose context is not fully in the cache share a budget of max_tokens_per_step
+              tokens per step while others decode (auto by default: what costs about one decode step,
+              step_budget.py), so a long prompt does not stall the decoders; split fair between them
+              (chunked_prefill.py). With nothing decoding the budget is one engine call's worth. A
+              request continues next step where it stopped.
     decode    every admitted request past its prefill feeds its last token in one batched call.
 
 Per-slot state lives in the Generator's step functions (engine_builder/runner/generate.py); this
@@ -20,27 +23,45 @@ Executor.submit appends to under the executor's lock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from engine_builder.executor.admission import Room, plan_admission
+from engine_builder.executor.chunked_prefill import plan_chunks
+from engine_builder.executor.kv_budget import KVBudget, KVBudgetStats
+from engine_builder.executor.preemption import Resumes
+from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import RequestState
-from engine_builder.util.errors import ConfigError
+from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.util.errors import CapacityError, ConfigError, InputError
+
+DEFAULT_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch: int | None = None  # concurrent sequences; None = the engine's KV slots (its max_batch); must be <= that
-    max_tokens_per_step: int = 512  # prefill token budget per step (chunked prefill); running decodes always get theirs
+    # prompt tokens prefilled per step while other requests decode (chunked prefill); decodes always get theirs.
+    # None = auto: sized so a step's prefill costs about one decode step (step_budget.py)
+    max_tokens_per_step: int | None = None
     max_queue: int = 256  # waiting requests beyond which submit() raises CapacityError (a server answers 429)
+    # KV cache budget in tokens for all running sequences together; None = every slot's max_seq_len
+    kv_budget_tokens: int | None = None
+    kv_block_tokens: int = DEFAULT_BLOCK_TOKENS  # admission counts KV in blocks of this many tokens
+    preemption: bool = True  # a more urgent request may preempt less urgent ones (recompute)
+    max_overtakes: int = 8  # times smaller requests may overtake one that does not fit before it blocks them
 
     def __post_init__(self) -> None:
-        for name, low in (("max_batch", 1), ("max_tokens_per_step", 1), ("max_queue", 0)):
+        for name, low in (("max_batch", 1), ("max_tokens_per_step", 1), ("max_queue", 0), ("kv_budget_tokens", 1),
+                          ("kv_block_tokens", 1), ("max_overtakes", 0)):
             value = getattr(self, name)
-            if value is None and name == "max_batch":
+            if value is None and name in ("max_batch", "kv_budget_tokens", "max_tokens_per_step"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"SchedulerConfig.{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.preemption, bool):
+            raise ConfigError(f"SchedulerConfig.preemption must be true or false, got {self.preemption!r}")
 
     def batch_for(self, kv_slots: int) -> int:
         """max_batch on an engine with kv_slots KV cache slots."""
@@ -51,35 +72,102 @@ class SchedulerConfig:
                               f"(its max_batch); use max_batch {kv_slots} or less, or rebuild with a larger max_batch")
         return self.max_batch
 
+    def budget_blocks(self, kv_slots: int, max_seq: int) -> int:
+        """The KV budget in blocks: kv_budget_tokens, or what the engine's slots hold."""
+        tokens = self.kv_budget_tokens if self.kv_budget_tokens is not None else kv_slots * max_seq
+        blocks = tokens // self.kv_block_tokens
+        if blocks < 1:
+            raise ConfigError(f"a KV budget of {tokens} tokens holds no block of {self.kv_block_tokens} tokens; "
+                              "raise the budget")
+        return blocks
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, generator: Generator) -> None:
         self.config = config
         self.generator = generator
-        self.max_batch = config.batch_for(generator.backend.kv.batch_slots)
-        self.waiting: deque[RequestState] = deque()  # submitted, no slot yet; FCFS
+        kv = generator.backend.kv
+        self.max_batch = config.batch_for(kv.batch_slots)
+        self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
+        self.resumes = Resumes(generator)
+        self.step_budget = StepBudget(config.max_tokens_per_step)
+        self.waiting: deque[RequestState] = deque()  # submitted or preempted, no slot
         self.running: dict[int, RequestState] = {}  # request id -> state, in admission order
+        self._skips: dict[int, int] = {}  # request id -> times smaller requests overtook it (fair share)
+        self.chunked_prefill_steps = 0  # prefill chunks that left part of their context for a later step
 
-    def admit(self) -> None:
+    # --- admission --------------------------------------------------------------------------------
+
+    def need(self, r: RequestState) -> int:
+        """KV blocks r holds while it runs: its whole reservation, so it never runs out mid-way."""
+        return self.budget.blocks_for(len(r.prompt_ids) + r.params.max_new_tokens)
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Refuse a request the KV budget could never hold, before it waits forever: InputError, since retrying
+        cannot help (a server answers 422, where a full queue's CapacityError is 429)."""
+        blocks = self.budget.blocks_for(len(prompt_ids) + params.max_new_tokens)
+        if blocks > self.budget.total_blocks:
+            limit = self.budget.total_blocks * self.budget.block_size
+            raise InputError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} needs "
+                             f"{blocks} KV blocks of {self.budget.block_size} tokens, the KV budget holds "
+                             f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
+                             "budget")
+
+    def admit(self) -> list[RequestState]:
+        """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""
         kv = self.generator.backend.kv
-        while self.waiting and len(self.running) < self.max_batch and kv.num_free:
-            r = self.waiting.popleft()
-            self.generator.admit(r)
+        room = Room(min(self.max_batch - len(self.running), kv.num_free), self.budget.free)
+        plan = plan_admission(self.waiting, list(self.running.values()), room, need=self.need,
+                              held=lambda r: self.budget.held(r.index), skips=self._skips,
+                              max_overtakes=self.config.max_overtakes, preempt=self.config.preemption)
+        for r in plan.preempt:
+            del self.running[r.index]
+            self.budget.release(r.index)
+            self.resumes.preempt(r)
+            self.waiting.append(r)
+        admitted = set()
+        for r in plan.admit:
+            try:
+                self.generator.admit(r)
+            except CapacityError:  # a paged engine's block pool is short (its own budget): the rest wait a step
+                break
+            admitted.add(r.index)
+            self.budget.hold(r.index, self.need(r))
+            self._skips.pop(r.index, None)
             self.running[r.index] = r
+            self.resumes.load_prompt(r)
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if r.index not in admitted)
+        return list(plan.preempt)
+
+    # --- prefill and decode -----------------------------------------------------------------------
 
     def prefill_plan(self) -> list[tuple[RequestState, int]]:
-        """(request, prompt tokens to feed now) within this step's budget, oldest first."""
-        budget, plan = self.config.max_tokens_per_step, []
-        for r in self.running.values():
-            left = self.generator.prefill_remaining(r)
-            if left and budget:
-                plan.append((r, min(left, budget)))
-                budget -= plan[-1][1]
+        """(request, context tokens to feed now) within this step's budget."""
+        pending = [(r, r.params.priority, left) for r in self.running.values()
+                   if (left := self.resumes.prefill_left(r))]
+        if not pending:
+            return []
+        max_chunk = self.generator.backend.max_input_len
+        decoding = any(r.token_ids and not self.resumes.prefill_left(r) for r in self.running.values())
+        step = self.step_budget.tokens()
+        budget = step if decoding else max(step, max_chunk)
+        plan = plan_chunks(pending, budget, max_chunk)
+        left = {r.index: n for r, _, n in pending}
+        self.chunked_prefill_steps += sum(n < left[r.index] for r, n in plan)
         return plan
 
     def decoding(self) -> dict[int, RequestState]:
         """slot -> request for every running request past its prefill (the decode step's rows)."""
-        return {r.slot: r for r in self.running.values() if r.token_ids and r.slot is not None}
+        return {r.slot: r for r in self.running.values()
+                if r.token_ids and r.slot is not None and not self.resumes.prefill_left(r)}
+
+    # --- leaving ----------------------------------------------------------------------------------
+
+    def _forget(self, r: RequestState) -> None:
+        self.budget.release(r.index)
+        self.resumes.forget(r)
+        self._skips.pop(r.index, None)
 
     def remove(self, ids: Iterable[int]) -> list[RequestState]:
         """Take these requests out of the queue and the running set (cancel, failure); slots are
@@ -89,6 +177,8 @@ class Scheduler:
         if out:
             self.waiting = deque(r for r in self.waiting if r.index not in ids)
         out += [self.running.pop(i) for i in ids if i in self.running]
+        for r in out:
+            self._forget(r)
         return out
 
     def retire_finished(self) -> list[RequestState]:
@@ -96,7 +186,11 @@ class Scheduler:
         done = [r for r in self.running.values() if r.finished]
         for r in done:
             del self.running[r.index]
+            self._forget(r)
         return done
+
+    def kv_stats(self) -> KVBudgetStats:
+        return self.budget.stats()
 
     @property
     def all_ids(self) -> list[int]:

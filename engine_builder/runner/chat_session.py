@@ -43,8 +43,10 @@ class ChatSession:
         self.llm, self.system = llm, system
         self.params = params
         kv = llm.generator.backend.kv
-        # a host-memory cache only (onnxruntime); a graph that recomputes long sequences (longrope) cannot reuse
-        self.reuses = bool(kv.keys) and llm.generator.backend.reprefill_after is None
+        # a host-memory cache only (onnxruntime); a graph that recomputes long sequences (longrope) cannot reuse;
+        # an LLM opened with prefix_cache=False (`trtbuild chat --no-prefix-cache`) prefills every turn whole
+        self.reuses = (bool(kv.keys) and llm.generator.backend.reprefill_after is None
+                       and llm.generator.prefix_cache is not None)
         if self.reuses:
             llm.generator.prefix_cache = _chat_cache(kv)
             llm.generator.cache_outputs = True

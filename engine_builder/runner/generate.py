@@ -130,7 +130,9 @@ class Generator:
         self.claim("an unfinished stream?", "finish or close it first")
         clock = StepClock(self.backend)
         try:
-            yield from self._run_sampled(deque(r for r in requests if r.params.num_beams == 1), clock)
+            # lower priority values first (SamplingParams.priority); a stable sort keeps the order within a level
+            sampled = sorted((r for r in requests if r.params.num_beams == 1), key=lambda r: r.params.priority)
+            yield from self._run_sampled(deque(sampled), clock)
             for r in requests:
                 if r.params.num_beams > 1:
                     yield from run_beam_search(self.backend, self.eos_token_ids, r, clock)

@@ -102,16 +102,18 @@ class TokenStream:
 
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
-                 threads: int | None = None, verify: bool = True, prefix_cache: bool = False,
+                 threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None,
                  kv_cache_memory: int | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
         skips checking the files' sha256 against the manifest (trusted dirs, fastest start).
-        prefix_cache: keep the KV of prompts' full blocks (up to prefix_cache_bytes) and copy them into
-        later requests that start the same way, which then prefill only the rest (runner/prefix_cache.py);
-        onnxruntime backend only, and not for longrope models (their cached keys change past a length).
+        prefix_cache (on by default): keep the KV of prompts' and answers' full blocks (up to prefix_cache_bytes)
+        and copy them into later requests that start the same way, which then prefill only the rest
+        (runner/prefix_cache.py): a shared system prompt is prefilled once, a conversation's next turn
+        prefills only the new turn. Greedy answers are the same with and without it. onnxruntime backend
+        only, and not for longrope models (their cached keys change past a length); False turns it off.
         kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
         fraction of the available RAM); there prefix_cache shares cached blocks by reference
         (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
@@ -142,6 +144,10 @@ class LLM:
         else:
             self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos, Sampler(seed), cache,
                                                     seed=seed, threads=threads)
+        # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
+        # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
+        # keep answers themselves, runner/chat_session.py)
+        self._generator.cache_outputs = isinstance(cache, PrefixCache)
 
     # --- parameters and prompts -------------------------------------------------------------
 

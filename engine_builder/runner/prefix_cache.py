@@ -48,6 +48,7 @@ class PrefixCacheStats:
     bytes: int
     hit_tokens: int  # prompt positions copied instead of prefilled, since the cache was made
     lookup_tokens: int  # prompt positions looked up
+    evicted_blocks: int = 0  # dropped to stay within the budget, since the cache was made
 
 
 class PrefixCache:
@@ -61,10 +62,10 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._bytes = 0
         self._blocks = 0
-        self._hits = self._lookups = 0
+        self._hits = self._lookups = self._evicted = 0
 
     def stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(self._blocks, self._bytes, self._hits, self._lookups)
+        return PrefixCacheStats(self._blocks, self._bytes, self._hits, self._lookups, self._evicted)
 
     def _blocks_of(self, tokens: Sequence[int], limit: int) -> list[tuple[int, ...]]:
         n = limit // self.block_size
@@ -133,6 +134,7 @@ class PrefixCache:
             del victim.parent.children[victim.tokens]
             self._bytes -= victim.nbytes
             self._blocks -= 1
+            self._evicted += 1
         return True
 
     def _leaves(self) -> list[_Node]:

@@ -58,6 +58,8 @@ class SamplingParams:
     choice: tuple[str, ...] | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None  # {token_id: bias} given; sorted pairs stored
     prompt_logprobs: int | None = None  # None = off; n = each prompt token's logprob + the top n (vLLM)
+    # Scheduling (executor/): lower runs first, as vLLM's priority; equal priorities are first come, first served
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Lists (from JSON/CLI) become tuples so the frozen object is hashable and immutable.
@@ -97,6 +99,8 @@ class SamplingParams:
         _check_int(self.num_beams, "num_beams", lambda v: v >= 1, ">= 1 (1 = no beam search)")
         _check_num(self.length_penalty, "length_penalty", lambda v: True, "a finite number (1.0 = neutral)")
         _check_bool(self.early_stopping, "early_stopping")
+        _check_int(self.priority, "priority", lambda v: -(2**31) <= v < 2**31,
+                   "an integer (lower runs first; 0 by default)")
 
     @property
     def greedy(self) -> bool:

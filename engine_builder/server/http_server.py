@@ -51,7 +51,8 @@ SHUTDOWN_GRACE_S = 5.0
 def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int | None = None,
           max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS, max_input_tokens: int | None = None,
           max_total_tokens: int | None = None, api_key: str | None = None, model_name: str | None = None,
-          backend: str = "auto", threads: int | None = None, prefix_cache: bool = False,
+          backend: str = "auto", threads: int | None = None, prefix_cache: bool = True,
+          max_num_batched_tokens: int | None = None, kv_budget_tokens: int | None = None,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
@@ -63,7 +64,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     "json", an access-log line per request (server/access_log.py). speculative: every request of this
     server decodes speculatively (runner/speculative/; same tokens at temperature 0), its acceptance
     counted on /metrics (server/speculative_metrics.py)."""
-    from engine_builder.executor import Executor, SchedulerConfig
+    from engine_builder.executor import Executor
+    from engine_builder.executor.scheduler_options import budget_total_tokens, scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS
     from engine_builder.runner.engine import EngineDir
     from engine_builder.server.access_log import LOG_FORMATS
@@ -79,6 +81,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     limits = engine.limits
     if engine.model.encoder is not None:  # no generated tokens: ServerConfig's "total" room is the input's own
         limits = dataclasses.replace(limits, max_seq_len=limits.max_input_len + 1)
+    if kv_budget_tokens is not None and max_total_tokens is None:  # a request the budget can't hold: 422 up front
+        max_total_tokens = budget_total_tokens(limits, kv_budget_tokens, max_input_tokens)
     config = ServerConfig.for_engine(limits, name, max_input_tokens=max_input_tokens,
                                      max_total_tokens=max_total_tokens,
                                      max_concurrent_requests=max_concurrent_requests, api_key=api_key,
@@ -86,7 +90,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
                                      max_stop_sequence_chars=max_stop_sequence_chars)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
-    scheduler = SchedulerConfig(max_batch=max_batch, max_queue=max_concurrent_requests)
+    scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
     sock = bind(host, port)
     if engine.model.encoder is not None:  # an embedding model: server/embedding_app.py

@@ -71,7 +71,7 @@ def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprob
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
-        logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, **constraint)
+        logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, priority=body.priority, **constraint)
     check_constraint(state, params)
     return params
 

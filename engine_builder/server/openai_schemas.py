@@ -43,6 +43,7 @@ class SamplingFields(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    priority: int | None = None  # scheduling: lower runs first, 0 by default (vLLM's extension)
     # structured output (server/structured_output.py)
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions

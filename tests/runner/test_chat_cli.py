@@ -45,3 +45,16 @@ def test_system_message_and_unknown_commands(smollm2_engine):
     proc = chat(smollm2_engine, "/help\nHi\n", "--system", "Answer in one word.")
     assert proc.returncode == 0, proc.stderr
     assert "unknown command /help" in proc.stderr and proc.stdout.strip()
+
+
+def test_no_prefix_cache_prefills_every_turn_whole_with_the_same_answers(smollm2_engine, smollm2_llm):
+    plain = chat(smollm2_engine, f"{Q1}\n{Q2}\n", "--no-prefix-cache")
+    assert plain.returncode == 0, plain.stderr
+    turns = [tuple(map(int, TURN.match(line).groups())) for line in plain.stderr.splitlines()
+             if line.startswith("[turn")]
+    assert len(turns) == 2 and all((f, r) == (p, 0) for _, p, f, r in turns)  # nothing reused, all prefilled
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    first = smollm2_llm.chat([{"role": "user", "content": Q1}], params)[0].text
+    second = smollm2_llm.chat([{"role": "user", "content": Q1}, {"role": "assistant", "content": first},
+                               {"role": "user", "content": Q2}], params)[0].text
+    assert plain.stdout == f"{first}\n{second}\n"  # what the cached session answers too (the test above)

@@ -26,13 +26,14 @@ def _prompts() -> tuple[list[int], list[int]]:
 def test_cached_prefixes_give_the_same_tokens_and_logprobs(tiny_engine, arch):
     engine, _ = tiny_engine(arch, limits=LIMITS)
     a, b = _prompts()
-    plain = LLM(engine)
+    plain = LLM(engine, prefix_cache=False)
     want = [plain.generate(prompt_token_ids=[p], params=GREEDY)[0] for p in (a, b, a)]
     cached = LLM(engine, prefix_cache=True)
     got = [cached.generate(prompt_token_ids=[p], params=GREEDY)[0] for p in (a, b, a)]
     stats = cached._generator.prefix_cache.stats()
-    # a stores 2 blocks; b reuses both (its first 37 tokens match); a again reuses both and leaves 13 to prefill
-    assert stats.blocks == 2 and stats.hit_tokens == 64
+    # a stores 3 blocks (45 prompt + 12 answer tokens); b reuses the first 2 (its first 37 tokens match) and adds
+    # its third; a again reuses 2 and leaves 13 to prefill (its third block holds answer tokens)
+    assert stats.blocks == 4 and stats.hit_tokens == 64
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
         np.testing.assert_allclose([lp.logprob for lp in g.logprobs], [lp.logprob for lp in w.logprobs], atol=1e-4)
@@ -97,8 +98,9 @@ def test_least_recently_used_leaves_go_first_and_a_path_in_use_stays():
     third = [1, 2, 3, 4, 7, 7, 7, 7, 7]
     kv.free(1)
     _fill(kv, 1, third)
+    assert cache.stats().evicted_blocks == 0
     cache.store(third, 1)  # evicts (50..80), the least recently used leaf; never (1..4), its parent
-    assert cache.stats().blocks == 3
+    assert cache.stats().blocks == 3 and cache.stats().evicted_blocks == 1  # /metrics trtbuild_prefix_cache_evictions
     kv.allocate("x", 9, 1)
     assert cache.load(second, 2) == 4  # (1..4) only: (50..80) is gone
 

@@ -26,6 +26,8 @@ def serve(*args):
     (("--max-top-logprobs", "-1"), ("--max-top-logprobs must be >= 0",)),
     (("--max-stop-sequences", "-1"), ("--max-stop-sequences must be >= 0",)),
     (("--max-stop-sequence-chars", "0"), ("--max-stop-sequence-chars must be >= 1",)),
+    (("--max-num-batched-tokens", "0"), ("--max-num-batched-tokens must be >= 1",)),
+    (("--kv-budget-tokens", "8"), ("--kv-budget-tokens 8 holds no 16-token block",)),
 ])
 def test_bad_flags_fail_in_one_line(smollm2_engine, flags, needles):
     r = serve(smollm2_engine, *flags)

@@ -1,0 +1,59 @@
+"""Preemption by recompute: a running request gives its KV slot and blocks back, and later rebuilds its KV.
+
+A preempted request keeps everything but its cache: the tokens it generated (already streamed to its
+client, never sent again), its sampling state (a seeded request's own numpy generator, penalties'
+counts, a grammar's position), its stop checker and detokenizer. When it is admitted again its
+context, prompt + generated tokens, is prefilled into the new slot (in chunks, under the step's
+budget, like any prompt; the prompt's cached blocks are copied when a prefix cache holds them),
+and the logits after the last generated token pick its next token: the step its decode would
+have run, with the same draw from the same generator. So greedy and seeded requests produce exactly
+the tokens they would have without the interruption (tests/executor/test_scheduling.py).
+
+Swapping the KV to host memory instead would save the recompute, but on the onnxruntime backend the
+cache already is host memory: recompute costs one chunked prefill and keeps nothing pinned.
+"""
+
+from __future__ import annotations
+
+from engine_builder.runner.generate import Generator
+from engine_builder.runner.request_state import RequestState
+
+
+class Resumes:
+    """The preempted requests and, once readmitted, how much of their context is still to be recomputed."""
+
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+        self._at: dict[int, int] = {}  # request id -> tokens it had generated when preempted
+        self.preemptions = 0
+
+    def preempt(self, r: RequestState) -> None:
+        """Free r's slot (cache rows zeroed); r goes back to the queue with its state, the caller queues it."""
+        if r.slot is not None:
+            self.generator.release(r)
+        self.preemptions += 1
+        if r.token_ids:
+            self._at[r.index] = len(r.token_ids)
+        elif r.prompt_logprobs is not None:  # scored mid-prefill: the recompute scores the prompt again
+            del r.prompt_logprobs[1:]
+
+    def prefill_left(self, r: RequestState) -> int:
+        """Context tokens of an admitted request not yet in its slot: the prompt's rest for a new request, prompt
+        + generated tokens for a resumed one until its recompute has sampled the next token, else 0."""
+        at = self._at.get(r.index)
+        if at is None:
+            return self.generator.prefill_remaining(r)
+        if len(r.token_ids) > at:  # recomputed: its next token came from the prefill, it decodes from here
+            del self._at[r.index]
+            return 0
+        return len(r.prompt_ids) + len(r.token_ids) - self.generator.backend.kv.length(r.slot)
+
+    def load_prompt(self, r: RequestState) -> None:
+        """A resumed request just got a slot: copy the prompt's cached blocks in (a new request's prefill does that
+        itself; a resumed one's prefill starts past the prompt, where Generator.prefill does not look)."""
+        cache = self.generator.prefix_cache
+        if r.index in self._at and cache is not None and self.generator.backend.kv.length(r.slot) == 0:
+            cache.load(r.prompt_ids, r.slot)
+
+    def forget(self, r: RequestState) -> None:
+        self._at.pop(r.index, None)
