@@ -39,43 +39,25 @@ def _kv_dtype(dtype) -> np.dtype:
         raise InputError(f"KV cache dtype {dtype!r} is not a numpy dtype; use float16, bfloat16 or float32") from e
 
 
-class KVCacheManager:
-    def __init__(self, num_layers: int, batch_slots: int, kv_heads: int, max_seq: int, head_dim: int,
-                 dtype="float16", host_buffers: bool = True) -> None:
-        for name, value in (("num_layers", num_layers), ("batch_slots", batch_slots), ("kv_heads", kv_heads),
-                            ("max_seq", max_seq), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"KV cache {name} must be a positive integer, got {value!r}")
-        self.num_layers, self.batch_slots, self.max_seq = num_layers, batch_slots, max_seq
-        self.dtype = _kv_dtype(dtype)
-        shape = (batch_slots, kv_heads, max_seq, head_dim)
-        # np.zeros maps zero pages lazily: untouched positions of idle slots cost no RAM
-        # per layer: [slots, kv_heads, max_seq, head_dim]
-        # host_buffers=False: slot bookkeeping only, for a backend whose cache lives on a GPU (it
-        # zeroes its own rows when a slot is freed); keys/values are then empty.
-        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
-        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
+class SlotTable:
+    """Which request holds each slot (batch row), and how many positions it has filled and reserved: the
+    bookkeeping of both KV caches (KVCacheManager below over per-slot buffers, paged_kv_cache.py over a
+    block pool), so admission refuses the same requests with the same words whichever the engine's layout."""
+
+    def __init__(self, batch_slots: int, max_seq: int) -> None:
+        self.batch_slots, self.max_seq = batch_slots, max_seq
         self.lengths = np.zeros(batch_slots, np.int64)  # [slots] filled positions = graph past_lengths
         self._reserved = np.zeros(batch_slots, np.int64)  # [slots] prompt_len + max_new_tokens
         self._owner: list[object | None] = [None] * batch_slots
         self._slot_of: dict[object, int] = {}
 
-    @classmethod
-    def for_layout(cls, layout: KVCacheLayout, batch_slots: int, host_buffers: bool = True) -> KVCacheManager:
-        """batch_slots sequences of the graph's cache layout (formats/graph_io.py)."""
-        return cls(layout.num_layers, batch_slots, layout.kv_heads, layout.max_seq, layout.head_dim, layout.dtype,
-                   host_buffers)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
-
     @property
     def num_free(self) -> int:
         return self._owner.count(None)
 
-    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
-        """Reserve a slot for the whole request; returns its index (lowest free first)."""
+    def _admit(self, request_id: object, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+        """(the lowest free slot, the positions the request needs), or the error that refuses it; nothing is
+        taken yet (the caller may still fail to find storage)."""
         if request_id in self._slot_of:
             raise InputError(f"request {request_id!r} already holds KV cache slot {self._slot_of[request_id]}; "
                              "use a unique request id")
@@ -93,23 +75,15 @@ class KVCacheManager:
             raise CapacityError(
                 f"all {self.batch_slots} KV cache slots are in use; wait for a running request to finish "
                 f"(free its slot) before admitting request {request_id!r}, or rebuild the engine for a larger batch")
-        slot = self._owner.index(None)
-        self._owner[slot] = request_id
-        self._slot_of[request_id] = slot
-        self.lengths[slot] = 0
-        self._reserved[slot] = needed
-        return slot
+        return self._owner.index(None), needed
 
-    def free(self, slot: int) -> None:
+    def _take(self, slot: int, request_id: object, needed: int) -> None:
+        self._owner[slot], self._slot_of[request_id] = request_id, slot
+        self.lengths[slot], self._reserved[slot] = 0, needed
+
+    def _release(self, slot: int) -> None:
         owner = self._check_slot(slot)
-        used = int(self.lengths[slot])
-        # Zero what this request wrote so the next one starts from the zero-filled buffers the
-        # graph contract assumes (an inf left behind would turn into NaN through the mask).
-        for k, v in zip(self.keys, self.values):
-            k[slot, :, :used] = 0
-            v[slot, :, :used] = 0
-        self.lengths[slot] = 0
-        self._reserved[slot] = 0
+        self.lengths[slot] = self._reserved[slot] = 0
         self._owner[slot] = None
         del self._slot_of[owner]
 
@@ -124,14 +98,71 @@ class KVCacheManager:
     def slot_of(self, request_id: object) -> int | None:
         return self._slot_of.get(request_id)
 
-    def advance(self, slot: int, num_tokens: int) -> None:
-        """Record that the engine wrote num_tokens more positions into this slot."""
+    def _advanced_length(self, slot: int, num_tokens: int) -> int:
+        """The slot's length after the engine wrote num_tokens more positions."""
         self._check_slot(slot)
         new_length = int(self.lengths[slot]) + num_tokens
         if num_tokens < 0 or new_length > self._reserved[slot]:
             # a generation-loop bug, not user input: it bypassed the stop-at-max_new_tokens check
             raise ValueError(f"slot {slot} would hold {new_length} positions but reserved {self._reserved[slot]}")
-        self.lengths[slot] = new_length
+        return new_length
+
+    def _check_slot(self, slot: int) -> object:
+        if not 0 <= slot < self.batch_slots:
+            raise ValueError(f"slot {slot} is out of range [0, {self.batch_slots})")
+        owner = self._owner[slot]
+        if owner is None:
+            raise ValueError(f"slot {slot} is not allocated (already freed?)")
+        return owner
+
+
+class KVCacheManager(SlotTable):
+    def __init__(self, num_layers: int, batch_slots: int, kv_heads: int, max_seq: int, head_dim: int,
+                 dtype="float16", host_buffers: bool = True) -> None:
+        for name, value in (("num_layers", num_layers), ("batch_slots", batch_slots), ("kv_heads", kv_heads),
+                            ("max_seq", max_seq), ("head_dim", head_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"KV cache {name} must be a positive integer, got {value!r}")
+        self.num_layers = num_layers
+        self.dtype = _kv_dtype(dtype)
+        shape = (batch_slots, kv_heads, max_seq, head_dim)
+        # np.zeros maps zero pages lazily: untouched positions of idle slots cost no RAM
+        # per layer: [slots, kv_heads, max_seq, head_dim]
+        # host_buffers=False: slot bookkeeping only, for a backend whose cache lives on a GPU (it
+        # zeroes its own rows when a slot is freed); keys/values are then empty.
+        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
+        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
+        SlotTable.__init__(self, batch_slots, max_seq)
+
+    @classmethod
+    def for_layout(cls, layout: KVCacheLayout, batch_slots: int, host_buffers: bool = True) -> KVCacheManager:
+        """batch_slots sequences of the graph's cache layout (formats/graph_io.py)."""
+        return cls(layout.num_layers, batch_slots, layout.kv_heads, layout.max_seq, layout.head_dim, layout.dtype,
+                   host_buffers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+
+    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
+        """Reserve a slot for the whole request; returns its index (lowest free first)."""
+        slot, needed = self._admit(request_id, prompt_len, max_new_tokens)
+        self._take(slot, request_id, needed)
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._check_slot(slot)
+        used = int(self.lengths[slot])
+        # Zero what this request wrote so the next one starts from the zero-filled buffers the
+        # graph contract assumes (an inf left behind would turn into NaN through the mask).
+        for k, v in zip(self.keys, self.values):
+            k[slot, :, :used] = 0
+            v[slot, :, :used] = 0
+        self._release(slot)
+
+    def advance(self, slot: int, num_tokens: int) -> None:
+        """Record that the engine wrote num_tokens more positions into this slot."""
+        self.lengths[slot] = self._advanced_length(slot, num_tokens)
 
     def rewind(self, slot: int, length: int) -> None:
         """Forget positions length.. of this slot (zeroed, as on free), e.g. to re-prefill a sequence."""
@@ -143,11 +174,3 @@ class KVCacheManager:
             k[slot, :, length:used] = 0
             v[slot, :, length:used] = 0
         self.lengths[slot] = length
-
-    def _check_slot(self, slot: int) -> object:
-        if not 0 <= slot < self.batch_slots:
-            raise ValueError(f"slot {slot} is out of range [0, {self.batch_slots})")
-        owner = self._owner[slot]
-        if owner is None:
-            raise ValueError(f"slot {slot} is not allocated (already freed?)")
-        return owner

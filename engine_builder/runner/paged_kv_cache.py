@@ -20,11 +20,12 @@ import numpy as np
 from engine_builder.formats.graph_io import PagedKVLayout
 from engine_builder.runner.block_manager import BlockManager
 from engine_builder.runner.block_pool import SCRATCH_BLOCK, BlockPool
+from engine_builder.runner.kv_cache import SlotTable
 from engine_builder.runner.prefix_cache import PrefixCacheStats
-from engine_builder.util.errors import CapacityError, InputError
+from engine_builder.util.errors import InputError
 
 
-class PagedKVCacheManager:
+class PagedKVCacheManager(SlotTable):
     paged = True
 
     def __init__(self, layout: PagedKVLayout, batch_slots: int, pool: BlockPool, prefix_cache: bool = True) -> None:
@@ -32,15 +33,12 @@ class PagedKVCacheManager:
             raise InputError(f"KV cache batch_slots must be a positive integer, got {batch_slots!r}")
         self.layout, self.pool = layout, pool
         self.blocks = BlockManager(pool, prefix_cache)
-        self.num_layers, self.batch_slots, self.max_seq = layout.num_layers, batch_slots, layout.max_seq
+        SlotTable.__init__(self, batch_slots, layout.max_seq)
+        self.num_layers = layout.num_layers
         self.block_size, self.dtype = layout.block_size, pool.dtype
         self.keys, self.values = pool.keys, pool.values  # [num_blocks, kv_heads, block_size, head_dim] per layer
         # [slots, max_blocks_per_seq]: pool block of each logical block; SCRATCH_BLOCK where none
         self.block_table = np.full((batch_slots, layout.max_blocks_per_seq), SCRATCH_BLOCK, np.int64)
-        self.lengths = np.zeros(batch_slots, np.int64)  # [slots] = graph past_lengths
-        self._reserved = np.zeros(batch_slots, np.int64)
-        self._owner: list[object | None] = [None] * batch_slots
-        self._slot_of: dict[object, int] = {}
 
     @classmethod
     def for_layout(cls, layout: PagedKVLayout, batch_slots: int, kv_cache_memory: int | None = None,
@@ -55,61 +53,23 @@ class PagedKVCacheManager:
     def nbytes(self) -> int:
         return self.pool.nbytes
 
-    @property
-    def num_free(self) -> int:
-        return self._owner.count(None)
-
     def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
         """Reserve a slot and blocks for prompt + max_new_tokens positions; the slot (lowest free first)."""
-        if request_id in self._slot_of:
-            raise InputError(f"request {request_id!r} already holds KV cache slot {self._slot_of[request_id]}; "
-                             "use a unique request id")
-        if prompt_len < 1:
-            raise InputError(f"request {request_id!r} has an empty prompt; give at least one token")
-        if max_new_tokens < 1:
-            raise InputError(f"request {request_id!r}: max_new_tokens must be >= 1, got {max_new_tokens}")
-        needed = prompt_len + max_new_tokens
-        if needed > self.max_seq:
-            raise CapacityError(
-                f"request {request_id!r} needs {needed} positions (prompt {prompt_len} + max_new_tokens "
-                f"{max_new_tokens}), engine max_seq_len is {self.max_seq}; shorten the prompt or lower "
-                f"max_new_tokens, or rebuild with --max-seq-len")
-        if None not in self._owner:
-            raise CapacityError(
-                f"all {self.batch_slots} KV cache slots are in use; wait for a running request to finish "
-                f"(free its slot) before admitting request {request_id!r}, or rebuild the engine for a larger batch")
-        slot = self._owner.index(None)
+        slot, needed = self._admit(request_id, prompt_len, max_new_tokens)
         self.blocks.allocate(slot, needed)  # CapacityError when the pool is short even after eviction
-        self._owner[slot], self._slot_of[request_id] = request_id, slot
-        self.lengths[slot], self._reserved[slot] = 0, needed
+        self._take(slot, request_id, needed)
         self._sync(slot)
         return slot
 
     def free(self, slot: int) -> None:
-        owner = self._check_slot(slot)
+        self._check_slot(slot)
         self.blocks.free(slot)
-        self.lengths[slot] = self._reserved[slot] = 0
-        self._owner[slot] = None
-        del self._slot_of[owner]
+        self._release(slot)
         self._sync(slot)
-
-    def length(self, slot: int) -> int:
-        self._check_slot(slot)
-        return int(self.lengths[slot])
-
-    def reserved(self, slot: int) -> int:
-        self._check_slot(slot)
-        return int(self._reserved[slot])
-
-    def slot_of(self, request_id: object) -> int | None:
-        return self._slot_of.get(request_id)
 
     def advance(self, slot: int, num_tokens: int) -> None:
         """Record that the engine wrote num_tokens more positions into this slot."""
-        self._check_slot(slot)
-        new_length = int(self.lengths[slot]) + num_tokens
-        if num_tokens < 0 or new_length > self._reserved[slot]:
-            raise ValueError(f"slot {slot} would hold {new_length} positions but reserved {self._reserved[slot]}")
+        new_length = self._advanced_length(slot, num_tokens)
         self.blocks.advance(slot, num_tokens)
         self.lengths[slot] = new_length
 
@@ -166,14 +126,6 @@ class PagedKVCacheManager:
         row = self.blocks.blocks(slot) if self._owner[slot] is not None else []
         self.block_table[slot, :len(row)] = row
         self.block_table[slot, len(row):] = SCRATCH_BLOCK
-
-    def _check_slot(self, slot: int) -> object:
-        if not 0 <= slot < self.batch_slots:
-            raise ValueError(f"slot {slot} is out of range [0, {self.batch_slots})")
-        owner = self._owner[slot]
-        if owner is None:
-            raise ValueError(f"slot {slot} is not allocated (already freed?)")
-        return owner
 
 
 class PagedPrefixCache:
