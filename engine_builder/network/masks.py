@@ -46,12 +46,20 @@ def attention_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value
                              axis=-1, name="kv_write_indices")  # [batch, kv_heads, seq, 3]
 
         slots = b.tensor(np.arange(max_seq, dtype=np.int64), "masks.kv_slots")  # [max_seq]
-        visible = b.op("LessOrEqual", slots, query_pos)  # [batch, 1, seq, max_seq]
-        zero, hidden = b.const(0.0), b.const(float(ml_dtypes.finfo(b.dtype.numpy()).min))
-        full = b.op("Where", visible, zero, hidden, name="causal_bias")
-        sliding = None
-        if sliding_window:
-            window_start = b.op("Sub", query_pos, b.const(sliding_window, INT64))  # [batch, 1, seq, 1]
-            in_window = b.op("And", visible, b.op("Greater", slots, window_start))
-            sliding = b.op("Where", in_window, zero, hidden, name="sliding_bias")
+        full, sliding = causal_biases(b, slots, query_pos, sliding_window)  # [batch, 1, seq, max_seq]
     return AttentionMasks(write_indices, full, sliding)
+
+
+def causal_biases(b: GraphBuilder, slots: ir.Value, query_pos: ir.Value,
+                  sliding_window: int | None) -> tuple[ir.Value, ir.Value | None]:
+    """Additive attention biases of cache positions SLOTS [L] for queries at QUERY_POS [batch, 1, seq, 1]:
+    0 where visible (causal; within the window for the sliding one), the dtype's lowest value elsewhere."""
+    visible = b.op("LessOrEqual", slots, query_pos)  # [batch, 1, seq, L]
+    zero, hidden = b.const(0.0), b.const(float(ml_dtypes.finfo(b.dtype.numpy()).min))
+    full = b.op("Where", visible, zero, hidden, name="causal_bias")
+    sliding = None
+    if sliding_window:
+        window_start = b.op("Sub", query_pos, b.const(sliding_window, INT64))  # [batch, 1, seq, 1]
+        in_window = b.op("And", visible, b.op("Greater", slots, window_start))
+        sliding = b.op("Where", in_window, zero, hidden, name="sliding_bias")
+    return full, sliding

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from engine_builder.network.builder import INT64, GraphBuilder
-from engine_builder.network.masks import AttentionMasks
+from engine_builder.network.masks import AttentionMasks, causal_biases
 
 
 @dataclass(frozen=True)
@@ -59,14 +58,7 @@ def paged_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, bl
         width = b.op("Mul", b.op("Shape", block_table, start=1, end=2), size)  # [1]
         slots = b.op("Sub", b.op("CumSum", b.op("ConstantOfShape", width, value=ir.tensor([1], dtype=INT64)),
                                  b.const(0, INT64)), one)  # [L]
-        visible = b.op("LessOrEqual", slots, query_pos)  # [batch, 1, seq, L]
-        zero, hidden = b.const(0.0), b.const(float(ml_dtypes.finfo(b.dtype.numpy()).min))
-        full = b.op("Where", visible, zero, hidden, name="causal_bias")
-        sliding = None
-        if sliding_window:
-            window_start = b.op("Sub", query_pos, b.const(sliding_window, INT64))  # [batch, 1, seq, 1]
-            in_window = b.op("And", visible, b.op("Greater", slots, window_start))
-            sliding = b.op("Where", in_window, zero, hidden, name="sliding_bias")
+        full, sliding = causal_biases(b, slots, query_pos, sliding_window)  # [batch, 1, seq, L]
     return PagedMasks(write_indices, full, sliding, block_table, block_size)
 
 

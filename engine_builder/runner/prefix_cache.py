@@ -138,11 +138,16 @@ class PrefixCache:
         return True
 
     def _leaves(self) -> list[_Node]:
-        out, stack = [], list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            else:
-                out.append(node)
-        return out
+        return tree_leaves(self._root)
+
+
+def tree_leaves(root):
+    """The childless nodes under ROOT (any node with a `children` dict: this file's tree and radix_blocks.py's)."""
+    out, stack = [], list(root.children.values())
+    while stack:
+        node = stack.pop()
+        if node.children:
+            stack.extend(node.children.values())
+        else:
+            out.append(node)
+    return out

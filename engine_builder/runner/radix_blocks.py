@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine_builder.runner.block_pool import BlockPool
+from engine_builder.runner.prefix_cache import tree_leaves
 
 
 @dataclass(eq=False)
@@ -129,14 +130,7 @@ class RadixBlockTree:
         return not node.children and self.pool.refcount[node.block] == 1
 
     def _leaves(self) -> list[_Node]:
-        out, stack = [], list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            else:
-                out.append(node)
-        return out
+        return tree_leaves(self._root)
 
     def cached_paths(self) -> list[tuple[int, ...]]:
         """Every node's block ids from the root, for tests and /metrics-style inspection."""
