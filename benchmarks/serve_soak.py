@@ -11,8 +11,8 @@ prompts, 8-32 tokens, greedy. Hostile requests are drawn at random:
 
     streamed, cut   a streaming request the client closes after its first chunk
     oversized       a 4 MiB body (over the default 1 MiB limit): 413 expected
-    huge top_n      top_logprobs 10**6: 422 expected
-    malformed       broken JSON, a non-UTF-8 body, a wrong field type: 422 expected
+    huge top_n      top_logprobs 10**6: 400 expected (OpenAI routes answer 400, TGI 422)
+    malformed       broken JSON, a non-UTF-8 body, a wrong field type: 400 expected
 
 1. baseline: --valid-clients clients send valid requests for --baseline-minutes: their p99 latency.
 2. soak: the same valid clients plus --hostile-clients hostile ones, for --minutes.
