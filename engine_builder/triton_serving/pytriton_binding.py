@@ -152,6 +152,25 @@ def triton_server(engine_dir: Path, *, model_name: str | None = None, host: str 
             triton.stop()
 
 
+@contextlib.contextmanager
+def repository_server(repo: Path, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
+                      metrics_port: int = 8002) -> Iterator[str]:
+    """The wheel's tritonserver over a model repository (`trtbuild export-triton`'s), loading every model in it,
+    until the block ends; yields the HTTP URL. Each model's python backend runs in the environment its config
+    names (export with --python-env for the numpy 1.x env of stub_env.py)."""
+    from pytriton.triton import Triton, TritonConfig
+
+    os.environ.update(stub_env.server_environment())
+    triton = Triton(config=TritonConfig(model_repository=Path(repo).absolute(), http_address=host,
+                                        http_port=http_port, grpc_address=host, grpc_port=grpc_port,
+                                        metrics_address=host, metrics_port=metrics_port, exit_timeout_secs=5))
+    try:
+        triton.run()
+        yield f"http://{host}:{http_port}"
+    finally:
+        triton.stop()
+
+
 def serve_triton(engine_dir: Path, *, on_ready: Callable[[TritonEndpoints], None] = lambda e: None,
                  **options) -> None:
     """triton_server(...) until SIGINT or SIGTERM."""
