@@ -7,6 +7,7 @@ own log goes to stderr. SIGINT/SIGTERM stop it; exit 0. Bad input (engine dir, m
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +37,7 @@ def serve_triton(
     """
     from engine_builder.triton_serving.pytriton_binding import serve_triton as serve
 
+    stdout = sys.stdout  # serve() sends everything else printed meanwhile (Triton's log) to stderr
     serve(engine_dir, model_name=model_name, host=host, http_port=http_port, grpc_port=grpc_port,
           metrics_port=metrics_port, backend=backend, threads=threads,
-          on_ready=lambda e: print(f"triton serving {e.model_name} {e.http} grpc {e.grpc}", flush=True))
+          on_ready=lambda e: print(f"triton serving {e.model_name} {e.http} grpc {e.grpc}", file=stdout, flush=True))

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -173,9 +174,10 @@ def repository_server(repo: Path, *, host: str = "127.0.0.1", http_port: int = 8
 
 def serve_triton(engine_dir: Path, *, on_ready: Callable[[TritonEndpoints], None] = lambda e: None,
                  **options) -> None:
-    """triton_server(...) until SIGINT or SIGTERM."""
+    """triton_server(...) until SIGINT or SIGTERM. Triton's own log goes to stderr: pytriton prints it on stdout,
+    which is kept for the caller's ready line (on_ready should print to the stdout it held before the call)."""
     stop = threading.Event()
-    with triton_server(engine_dir, **options) as endpoints:
+    with contextlib.redirect_stdout(sys.stderr), triton_server(engine_dir, **options) as endpoints:
         previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             on_ready(endpoints)

@@ -33,6 +33,7 @@ def triton(tiny_serve_engine):
 
 
 def test_grpc_streams_token_by_token(triton, expected):
+    assert triton.first_stdout_line, "stdout holds the ready line only (Triton's log goes to stderr)"
     greedy, _ = expected
     streamed = grpc_stream(triton.grpc_url, triton.model, PROMPTS, MAX_TOKENS)  # both in flight together
     for prompt, got in zip(PROMPTS, streamed):

@@ -44,12 +44,15 @@ class TritonProcess:
             stdout=subprocess.PIPE, stderr=self.log_file, text=True)
         line = self._ready_line()
         _, _, self.model, self.http_url, _, self.grpc_url = line.split()
+        self.first_stdout_line = self.ready_line_number == 1
 
     def _ready_line(self) -> str:
         deadline = time.monotonic() + START_TIMEOUT_S
+        self.ready_line_number = 0
         while time.monotonic() < deadline:
             if select.select([self.proc.stdout], [], [], 1.0)[0]:
                 line = self.proc.stdout.readline()
+                self.ready_line_number += 1
                 if line.startswith("triton serving "):
                     return line
                 if not line:
