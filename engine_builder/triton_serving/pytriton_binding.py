@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -23,7 +24,13 @@ import numpy as np
 from engine_builder.executor.executor import Executor
 from engine_builder.runner.llm import LLM
 from engine_builder.triton_serving import stub_env
-from engine_builder.triton_serving.triton_io import EXECUTION_ENV_PARAMETER, INPUTS, OUTPUTS, TritonTensor
+from engine_builder.triton_serving.triton_io import (
+    EXECUTION_ENV_PARAMETER,
+    INPUTS,
+    OUTPUTS,
+    TritonTensor,
+    check_model_name,
+)
 from engine_builder.triton_serving.triton_requests import generate_responses, parse_request
 from engine_builder.util.errors import CapacityError, InputError, TrtbuildError
 
@@ -104,6 +111,17 @@ def make_sync_infer(executor: Executor, encode: Callable[[str], list[int]]):
     return infer
 
 
+def _check_free(host: str, port: int, flag: str) -> None:
+    """Refuse a taken port before the engine loads: tritonserver would only time out on it, with a traceback."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is not taken
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror}); choose a free port "
+                             "or stop what holds it") from None
+
+
 @contextlib.contextmanager
 def triton_server(engine_dir: Path, *, model_name: str | None = None, host: str = "127.0.0.1",
                   http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, backend: str = "auto",
@@ -123,9 +141,11 @@ def triton_server(engine_dir: Path, *, model_name: str | None = None, host: str 
     if len({http_port, grpc_port, metrics_port}) < 3:
         raise InputError(f"--http-port, --grpc-port and --metrics-port must differ (got {http_port}, {grpc_port}, "
                          f"{metrics_port})")
+    for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        _check_free(host, port, flag)
     env = stub_env.require(python_env)
     engine_dir = Path(engine_dir)
-    name = model_name or engine_dir.resolve().name
+    name = check_model_name(model_name or engine_dir.resolve().name)
     llm = LLM(engine_dir, backend=backend, threads=threads)
     os.environ.update(stub_env.server_environment())  # inherited by tritonserver and its stubs
     config = TritonConfig(http_address=host, http_port=http_port, grpc_address=host, grpc_port=grpc_port,

@@ -7,8 +7,11 @@ a batch dimension (max_batch_size 0): requests are batched in flight by the exec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
+
+from engine_builder.util.errors import InputError
 
 TritonType = Literal["BYTES", "INT32", "UINT64", "FP32", "BOOL"]
 
@@ -41,3 +44,13 @@ ENGINE_DIR_PARAMETER = "engine_dir"
 # Triton's python backend runs the model in the Python environment this parameter names (a dir or a
 # conda-pack tarball); absent: the environment tritonserver was started in
 EXECUTION_ENV_PARAMETER = "EXECUTION_ENV_PATH"
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_model_name(name: str) -> str:
+    """NAME as a Triton model name (a directory of the repository, a URL path segment), or an InputError."""
+    if not _MODEL_NAME.fullmatch(name):
+        raise InputError(f"{name!r} is not a usable Triton model name; pass --model-name with letters, digits, "
+                         "'_', '-' or '.'")
+    return name

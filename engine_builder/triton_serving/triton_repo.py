@@ -11,7 +11,6 @@ by --python-env, written as EXECUTION_ENV_PATH).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from engine_builder.triton_serving.triton_io import (
     INPUTS,
     OUTPUTS,
     TritonTensor,
+    check_model_name,
 )
 from engine_builder.util.atomic_dir import atomic_output_dir, check_apart
 from engine_builder.util.errors import InputError
@@ -29,7 +29,6 @@ from engine_builder.util.errors import InputError
 CONFIG_FILE = "config.pbtxt"
 MODEL_VERSION = "1"
 MODEL_FILE = "model.py"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _MODEL_PY = '''"""Triton python-backend model written by `trtbuild export-triton`: it serves the engine dir named by the
 engine_dir parameter of ../config.pbtxt (decoupled: one response per token when the request sets stream)."""
 
@@ -96,10 +95,7 @@ def export_triton(engine_dir: Path, repo: Path, *, model_name: str | None = None
     repo = Path(repo)
     EngineManifest.load(engine_dir)  # a missing or foreign dir fails here with the fix
     check_apart(repo, [engine_dir])
-    name = model_name or engine_dir.name
-    if not _NAME.fullmatch(name):
-        raise InputError(f"{name!r} is not a usable Triton model name; pass --model-name with letters, digits, "
-                         "'_', '-' or '.'")
+    name = check_model_name(model_name or engine_dir.name)
     if python_env is not None and not (Path(python_env) / "bin" / "activate").is_file():
         raise InputError(f"--python-env {python_env} is not a Python environment (no bin/activate); give a venv "
                          "or unpacked conda env where trtbuild is installed")
