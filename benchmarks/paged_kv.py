@@ -5,13 +5,14 @@
 
 SmolLM2-135M-Instruct (the bundled GGUF) in float32, two onnxruntime twins built with the default pass
 list: `--kv-layout slots` (GroupQueryAttention updating the slot cache in place) and `--kv-layout paged`
-(ScatterND into the block pool bound over itself, Gather of the step's blocks, Attention over them).
+(ScatterND into the head-major block pool bound over itself, Gather of the step's blocks, Attention over
+them with each KV head's query heads stacked: no transpose of the gathered cache).
 Each batch row is prefilled with --context tokens, then --steps decode steps are timed one by one
 (backend.step, the engine call plus binding). The contenders alternate run by run, so load from
 elsewhere on a shared machine hits both alike; figures are medians over every timed step of every run.
 
-The gather cost is measured alone: a graph of just the paged read (Gather + Transpose + Reshape of
-every layer's keys and values, the same shapes as a decode step at that context) run on the same pool.
+The gather cost is measured alone: a graph of just the paged read (Gather + Reshape of every layer's
+keys and values, the same shapes as a decode step at that context) run on the same pool.
 """
 
 from __future__ import annotations
@@ -82,16 +83,15 @@ def gather_seconds(layout, pool_blocks: int, batch: int, context: int, threads: 
 
     width = -(-(context + 1) // layout.block_size)
     nodes, outputs = [], []
-    pool_shape = ["num_blocks", layout.kv_heads, layout.block_size, layout.head_dim]
+    pool_shape = list(layout.pool_shape("num_blocks"))  # head-major: [kv_heads, num_blocks, B, head_dim]
     inputs = [helper.make_tensor_value_info("block_table", TensorProto.INT64, ["batch", "w"])]
-    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [0, layout.kv_heads, -1, layout.head_dim])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [layout.kv_heads, 0, -1, layout.head_dim])
     for i in range(2 * layout.num_layers):
         inputs.append(helper.make_tensor_value_info(f"pool{i}", TensorProto.FLOAT, pool_shape))
         # a one-element Slice of each gathered cache is the output: the big intermediates are freed and
         # their memory reused layer after layer, as in the decoder, instead of 2 x layers graph outputs
-        nodes += [helper.make_node("Gather", [f"pool{i}", "block_table"], [f"g{i}"], axis=0),
-                  helper.make_node("Transpose", [f"g{i}"], [f"t{i}"], perm=[0, 2, 1, 3, 4]),
-                  helper.make_node("Reshape", [f"t{i}", "shape"], [f"r{i}"]),
+        nodes += [helper.make_node("Gather", [f"pool{i}", "block_table"], [f"g{i}"], axis=1),
+                  helper.make_node("Reshape", [f"g{i}", "shape"], [f"r{i}"]),
                   helper.make_node("Slice", [f"r{i}", "zero", "one", "three"], [f"out{i}"])]
         outputs.append(helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None))
     consts = [shape, *(helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in

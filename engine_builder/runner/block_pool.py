@@ -1,6 +1,6 @@
 """Storage of the paged KV cache: per layer one numpy pool of fixed-size blocks, and a reference count per block.
 
-    keys[i], values[i]   [num_blocks, kv_heads, block_size, head_dim]   the graph's kv_pool_key.{i} / kv_pool_value.{i}
+    keys[i], values[i]   [kv_heads, num_blocks, block_size, head_dim]   the graph's kv_pool_key.{i} / kv_pool_value.{i}
                                                                          (formats/graph_io.py PagedKVLayout)
 
 Block 0 is the scratch block: never handed out, always referenced. Block-table entries past a sequence's
@@ -119,5 +119,5 @@ class BlockPool:
 
     def copy(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Block src[i]'s keys and values -> block dst[i], every layer."""
-        for pool in (*self.keys, *self.values):
-            pool[list(dst)] = pool[list(src)]
+        for pool in (*self.keys, *self.values):  # head-major: blocks are axis 1 (io.POOL_BLOCK_AXIS)
+            pool[:, list(dst)] = pool[:, list(src)]

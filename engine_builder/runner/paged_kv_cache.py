@@ -41,7 +41,7 @@ class PagedKVCacheManager(SlotTable):
         SlotTable.__init__(self, batch_slots, layout.max_seq)
         self.num_layers = layout.num_layers
         self.block_size, self.dtype = layout.block_size, pool.dtype
-        self.keys, self.values = pool.keys, pool.values  # [num_blocks, kv_heads, block_size, head_dim] per layer
+        self.keys, self.values = pool.keys, pool.values  # [kv_heads, num_blocks, block_size, head_dim] per layer
         # [slots, max_blocks_per_seq]: pool block of each logical block; SCRATCH_BLOCK where none
         self.block_table = np.full((batch_slots, layout.max_blocks_per_seq), SCRATCH_BLOCK, np.int64)
 
