@@ -47,11 +47,12 @@ class PagedKVCacheManager(SlotTable):
 
     @classmethod
     def for_layout(cls, layout: PagedKVLayout, batch_slots: int, kv_cache_memory: int | None = None,
-                   prefix_cache: bool = True) -> PagedKVCacheManager:
+                   prefix_cache: bool = True, host_buffers: bool = True) -> PagedKVCacheManager:
         """A pool of kv_cache_memory bytes (default: a fraction of the available RAM) holding at least one
-        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks)."""
+        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks).
+        host_buffers=False: bookkeeping only, the backend keeps the pool on its device (trt_paged.py)."""
         pool = BlockPool.for_budget(layout, kv_cache_memory, min_blocks=layout.max_blocks_per_seq + 1,
-                                    max_blocks=layout.max_pool_blocks(batch_slots))
+                                    max_blocks=layout.max_pool_blocks(batch_slots), host_buffers=host_buffers)
         return cls(layout, batch_slots, pool, prefix_cache)
 
     @property
