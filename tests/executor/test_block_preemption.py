@@ -10,6 +10,8 @@ but the prefix cache's own.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from runner_engines import build_engine
@@ -96,4 +98,36 @@ def test_paged_engine_pool_runs_out_preempts_and_answers_stay_exact(engines):
     assert all(kv.pool.refcount[path[-1]] == 1 for path in tree.cached_paths())
     tree.clear()
     assert kv.pool.num_used == 0
+    llm.close()
+
+
+def test_cancels_among_preemptions_leak_nothing(engines):
+    slots, paged = engines
+    want = _alone(slots)
+    layout = LLM(paged).backend.layout
+    llm = LLM(paged, kv_cache_memory=40 * layout.bytes_per_block)
+    kv = llm.backend.kv
+    with Executor(llm, SchedulerConfig(max_tokens_per_step=64)) as executor:
+        # requests 1, 5, 9 are cancelled after their 5th token (running, waiting or preempted then); 100 new
+        # tokens each, so they are far from done when the cancel lands; their first 60 are the 60-token answer's
+        handles = [executor.submit(p, dataclasses.replace(s, max_new_tokens=100) if i % 4 == 1 else s)
+                   for i, (p, s) in enumerate(_requests())]
+        cancelled = handles[1::4]
+        for h in cancelled:
+            for _ in h.events(timeout=120):
+                if len(h.token_times) >= 5:
+                    break
+            h.cancel()
+        outs = {h.id: h.result(timeout=300) for h in handles}
+        assert _preemptions(executor) > 0
+        assert executor.stats().kv_blocks_used == 0
+    for i, h in enumerate(handles):
+        if h in cancelled:
+            assert outs[h.id].finish_reason == "cancelled"
+            got = tuple(outs[h.id].token_ids)
+            assert 5 <= len(got) < 100 and got[:60] == tuple(want[i][:len(got)])  # exact up to the cancel
+        else:
+            assert tuple(outs[h.id].token_ids) == tuple(want[i])
+    assert kv.num_free == LIMITS.max_batch and not kv.blocks.sequences()
+    assert kv.pool.num_used == kv.blocks.tree.stats().blocks  # only cached prefixes hold blocks
     llm.close()
