@@ -53,6 +53,7 @@ class SpeculativeGenerator(Generator):
         self.config, self.proposer = config, proposer
         # k drafts + the last token must fit one step's logits and one multi-token step
         self.cap = max(0, min(config.draft_cap, backend.logits_tail - 1, backend.max_input_len - 1))
+        self.step_tokens = self.cap + 1  # a verify step writes the last token and up to cap drafts
         self.costs = StepCosts()
         self.stats = SpeculativeStats(proposer.name)
         self._lengths: dict[int, DraftLength] = {}  # id(request) -> its draft length controller
