@@ -120,7 +120,22 @@ class LLM:
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
-        self.engine = EngineDir.load(engine_dir, verify=verify)
+        # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
+        # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
+        self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
+        try:
+            self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
+        except Exception:
+            self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
+            raise
+        try:
+            self.engine.wait_verified()
+        except InputError:
+            self.close()
+            raise
+
+    def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
+              prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None) -> None:
         self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
         self.embedder: Embedder | None = None
         if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
