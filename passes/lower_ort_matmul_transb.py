@@ -9,7 +9,7 @@ transposed copy of every weight (536 MB on SmolLM2 float32), made and then packe
 kernel. Measured on SmolLM2-135M float32, onnxruntime 1.32, 2 cores: session creation 0.84-1.3 s with the
 Transposes, 0.55-0.6 s with FusedMatMul, which packs W straight from the mapped file (its prepack takes
 transB); peak RSS at load 727 -> 684 MB, anonymous memory 586 -> 543 MB; the same tokens and logits, and
-decode no slower (benchmarks/cold_start.py, benchmarks/decode.py).
+decode steps of the same speed within noise (benchmarks/matmul_transb.py; README "Cold start").
 
 Only float32 MatMuls whose weight is an initializer (or a Cast of one: a bf16 checkpoint run in float32)
 are lowered: the 16-bit twins keep the portable form, and a DequantizeLinear weight is left to
