@@ -8,17 +8,17 @@ raised before any session or engine is created. The manifest's own checks (schem
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from engine_builder.formats.build_config import Limits
 from engine_builder.formats.graph_io import KVCacheLayout, PagedKVLayout
 from engine_builder.formats.manifest import ENGINE_FILE, GENERATION_CONFIG, ORT_MODEL, EngineManifest
 from engine_builder.formats.memory_plan import check_engine_memory
 from engine_builder.formats.model_config import ModelConfig
-from engine_builder.runner.engine_integrity import check_engine_files
+from engine_builder.runner.engine_integrity import PendingCheck, check_engine_files
 from engine_builder.util.errors import InputError
 
 
@@ -27,11 +27,15 @@ class EngineDir:
     path: Path
     manifest: EngineManifest
 
+    # verify="overlap": the hashing still running (engine_integrity.PendingCheck); wait_verified() ends it
+    pending: PendingCheck | None = field(default=None, compare=False, repr=False)
+
     @classmethod
-    def load(cls, path: Path | str, verify: bool = True) -> EngineDir:
+    def load(cls, path: Path | str, verify: bool | Literal["overlap"] = True) -> EngineDir:
         """The engine dir at PATH. verify (default): every file the engine reads must have the sha256 and
-        size its build recorded (engine_integrity.py; about 0.8 s per GB); False skips that for trusted
-        fast starts."""
+        size its build recorded (engine_integrity.py; about 0.7 s per GB); False skips that for trusted
+        fast starts. "overlap": sizes are checked now, the sha256 in a background thread while the caller
+        loads the engine, and the caller must call wait_verified() before generating (LLM() does)."""
         path = Path(path)
         manifest = EngineManifest.load(path)
         if manifest.model is None:
@@ -44,9 +48,16 @@ class EngineDir:
         quant = manifest.checkpoint_quantization  # sized before any allocation
         check_engine_memory(manifest.model, manifest.build.limits, manifest.build.dtype, quant.kv_cache,
                             quant.weight_bits, what=f"engine dir {path}")
+        if verify == "overlap":
+            return cls(path=path, manifest=manifest, pending=PendingCheck(path, manifest))
         if verify:
             check_engine_files(path, manifest)
         return cls(path=path, manifest=manifest)
+
+    def wait_verified(self) -> None:
+        """After load(verify="overlap"): wait for the hashes; an InputError naming the changed file."""
+        if self.pending is not None:
+            self.pending.result()
 
     @property
     def model(self) -> ModelConfig:
@@ -138,17 +149,20 @@ class EngineDir:
         return load_tokenizer(self.path)
 
 
-# tokenizer_config.json classes that are the generic tokenizers-backed class itself: loaded through it,
-# AutoTokenizer's import of transformers' model registry (and of torch: ~2 s of `trtbuild run`'s cold
-# start, issue 16) is skipped, for the same object AutoTokenizer would build
-_GENERIC_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
 def load_tokenizer(path: Path) -> Any:
-    """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load."""
+    """The HF fast tokenizer saved in PATH (an engine or checkpoint dir); a one-line error if it cannot load.
+
+    Where transformers' wrapper adds nothing to the tokenizers.Tokenizer in tokenizer.json, that Tokenizer
+    itself behind the same interface (runner/fast_tokenizer.py: no transformers import, ~0.5-0.9 s of
+    `trtbuild run`'s cold start, issue 16); else transformers' own class."""
+    from engine_builder.runner.fast_tokenizer import GENERIC_CLASSES, FastTokenizer, eligible
+
+    fast = eligible(Path(path))
+    if fast is not None:
+        return FastTokenizer(Path(path), *fast)
     try:
         generic = (Path(path) / "tokenizer.json").is_file() and json.loads(
-            (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in _GENERIC_FAST
+            (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in GENERIC_CLASSES
     except (OSError, ValueError, AttributeError):
         generic = False
     try:

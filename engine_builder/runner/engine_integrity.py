@@ -66,7 +66,52 @@ def verify_engine_dir(path: Path | str, manifest: EngineManifest | None = None,
 
 def check_engine_files(path: Path, manifest: EngineManifest) -> None:
     """verify_engine_dir for a load: an InputError naming the first bad file and the fix."""
-    bad = [v for v in verify_engine_dir(path, manifest) if not v.ok]
+    _refuse(path, verify_engine_dir(path, manifest))
+
+
+class PendingCheck:
+    """check_engine_files split in two, so the hashing overlaps a load (issue 16's cold start: 0.37 s of
+    sha256 over SmolLM2's 538 MB, while onnxruntime creates its session and the tokenizer loads).
+
+    Constructing it checks what a stat shows (a missing, resized or unrecorded file is refused here, at
+    once) and starts hashing in a background thread; hashlib releases the GIL, so the hashing runs beside
+    the load on another core. `result()` waits for the hashes and raises check_engine_files' error; a
+    loader calls it before it returns, so nothing is generated from a changed file."""
+
+    def __init__(self, path: Path, manifest: EngineManifest) -> None:
+        self._path, self._manifest = Path(path), manifest
+        recorded = {d.name for d in manifest.files}
+        stat_only = [_stat_verdict(self._path, d) for d in manifest.files]
+        stat_only += [FileVerdict(f.name, "unrecorded", f.stat().st_size, None, None, None)
+                      for f in verified_files(self._path) if f.name not in recorded]
+        _refuse(self._path, [v for v in stat_only if v is not None])
+        self._result: list[FileVerdict] | None = None
+        self._thread = threading.Thread(target=self._hash, name="verify", daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        self._result = verify_engine_dir(self._path, self._manifest)
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._result is None:  # the thread died (an OSError reading a file): check again here, raising it
+            self._result = verify_engine_dir(self._path, self._manifest)
+        _refuse(self._path, self._result)
+
+
+def _stat_verdict(engine_dir: Path, digest: FileDigest) -> FileVerdict | None:
+    """The verdict a stat alone gives (missing, another size), else None: the bytes decide."""
+    try:
+        size = os.stat(engine_dir / digest.name).st_size
+    except FileNotFoundError:
+        return FileVerdict(digest.name, "missing", None, digest.size, None, digest.sha256)
+    if size != digest.size:
+        return FileVerdict(digest.name, "modified", size, digest.size, None, digest.sha256)
+    return None
+
+
+def _refuse(path: Path, verdicts: list[FileVerdict]) -> None:
+    bad = [v for v in verdicts if not v.ok]
     if bad:
         first = bad[0]
         more = f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""

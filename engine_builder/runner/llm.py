@@ -14,7 +14,9 @@ tokenizer and of generation_config.json always stop a request unless ignore_eos.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,21 @@ class TokenStream:
         self.close()
 
 
+def _backend_and_tokenizer(engine: EngineDir, backend: str, threads: int | None) -> tuple[Any, Any, Any]:
+    """open_backend in a thread while the tokenizer loads here: onnxruntime releases the GIL while it creates
+    its session (packing the weights, most of a load), so the two overlap where a core is free (cold start)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="open-backend") as pool:
+        opening = pool.submit(open_backend, engine, backend, threads=threads)
+        try:
+            tokenizer = engine.load_tokenizer()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                opening.result()[0].close()
+            raise
+        opened, choice = opening.result()
+    return opened, choice, tokenizer
+
+
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
@@ -120,15 +137,30 @@ class LLM:
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
-        self.engine = EngineDir.load(engine_dir, verify=verify)
-        self.tokenizer = self.engine.load_tokenizer()  # before the backend: a bad dir fails fast
+        # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
+        # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
+        self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
+        try:
+            self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
+        except Exception:
+            self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
+            raise
+        try:
+            self.engine.wait_verified()
+        except InputError:
+            self.close()
+            raise
+
+    def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
+              prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None) -> None:
         self.embedder: Embedder | None = None
         if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
+            self.tokenizer = self.engine.load_tokenizer()
             self.embedder = self.backend = Embedder(self.engine, self.tokenizer, backend, threads)
             self.backend_name, self.backend_reason = self.embedder.backend_name, self.embedder.backend_reason
             self._generator = NoGeneration(self.engine)  # type: ignore[assignment]
             return
-        self.backend, choice = open_backend(self.engine, backend, threads=threads)
+        self.backend, choice, self.tokenizer = _backend_and_tokenizer(self.engine, backend, threads)
         self.backend_name, self.backend_reason = choice.name, choice.reason
         eos = self.engine.generation_config.get("eos_token_id", [])
         eos = [eos] if isinstance(eos, int) else list(eos or [])

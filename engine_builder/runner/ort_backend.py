@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -144,7 +145,11 @@ class OrtBackend(Backend):
                  optimization_level: ort.GraphOptimizationLevel | None = None,
                  kv_update: KVUpdate | None = None) -> None:
         self.engine = engine
-        self.session = load_session(engine, threads, optimization_level)
+        with ThreadPoolExecutor(1, thread_name_prefix="kv-update") as pool:
+            # the graph's KV producers are read (onnx: ~0.1 s with its import) while onnxruntime, which
+            # releases the GIL, creates the session (cold start, issue 16)
+            inspected = pool.submit(kv_update_mode, engine.onnx_path) if kv_update is None else None
+            self.session = load_session(engine, threads, optimization_level)
         layout = engine.twin_kv_layout
         _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)
         num_layers, max_seq = layout.num_layers, layout.max_seq
@@ -157,8 +162,8 @@ class OrtBackend(Backend):
         self.reprefill_after = io.reprefill_after(meta)
         self.all_logits = meta.get(io.META_ALL_LOGITS) == "true"
         self.logits_tail = io.logits_tail(meta)  # 1 << 30 with all_logits: every position
-        if kv_update is None:
-            self.kv_update, self.kv_update_reason = kv_update_mode(engine.onnx_path)
+        if inspected is not None:
+            self.kv_update, self.kv_update_reason = inspected.result()
         else:
             self.kv_update, self.kv_update_reason = kv_update, "requested"
         self._num_layers = num_layers

@@ -53,9 +53,10 @@ def test_16_bit_residuals_are_left_alone(tiny_model_dir, tmp_path):
 
 
 def test_onnxruntime_folds_weight_transposes_at_basic(tiny_model_dir, tmp_path):
-    """The emitter keeps weights [out, in] behind a Transpose node; the ORT target relies on
-    onnxruntime's constant folding (level BASIC and up) to turn them into initializers at
-    session creation. Left unfolded (ORT_DISABLE_ALL) they would run on every step."""
+    """The emitter keeps weights [out, in] behind a Transpose node; without lower_ort_matmul_transb (the
+    16-bit twins) the ORT target relies on onnxruntime's constant folding (level BASIC and up) to turn
+    them into initializers at session creation. Left unfolded (ORT_DISABLE_ALL) they would run on
+    every step."""
     import onnx
     import onnxruntime as ort
 
