@@ -31,6 +31,7 @@ def smollm2_engine(engine: Path) -> Path:
     if (engine / "config.json").exists():
         return engine
     ckpt = engine.parent / "ckpt"
+    engine.parent.mkdir(parents=True, exist_ok=True)  # convert and build refuse a missing parent dir
     if not (ckpt / "config.json").exists():
         convert(smollm2_gguf(), ckpt, dtype="float32")
     build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32",
