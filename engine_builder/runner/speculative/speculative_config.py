@@ -10,8 +10,10 @@ from engine_builder.util.errors import InputError
 
 Method = Literal["ngram", "draft"]
 METHODS: tuple[str, ...] = ("ngram", "draft")
-# adaptive mode's ceiling: a verify step of 8 tokens still costs about one decode step on a CPU
-DEFAULT_MAX_DRAFT_TOKENS = 7
+# adaptive mode's ceiling. draft: a verify step of 8 tokens still costs about one decode step on a CPU, and
+# every draft token is a draft model step. ngram: drafts are free, and in the middle of a copy 15 of them
+# (a 16-token verify step, the graph's logits_tail) are mostly accepted (benchmarks/speculative.py)
+DEFAULT_MAX_DRAFT_TOKENS = {"ngram": 15, "draft": 7}
 
 
 @dataclass(frozen=True)
@@ -22,9 +24,9 @@ class SpeculativeConfig:
     # measured cost of a verify step, up to max_draft_tokens; falls back to plain decoding when drafts
     # keep failing, so the worst case stays close to decoding without speculation)
     num_draft_tokens: int | None = None
-    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS
-    ngram_max: int = 3  # ngram: longest suffix looked up in the prompt and output so far
-    ngram_min: int = 1
+    max_draft_tokens: int | None = None  # None: DEFAULT_MAX_DRAFT_TOKENS of the method
+    ngram_max: int = 8  # ngram: the longest suffix match looked for in the prompt and output so far
+    ngram_min: int = 2  # shorter matches propose nothing (one shared token is mostly a common word)
     draft_backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -51,7 +53,9 @@ class SpeculativeConfig:
 
     @property
     def draft_cap(self) -> int:
-        return self.num_draft_tokens if self.num_draft_tokens is not None else self.max_draft_tokens
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens
+        return self.max_draft_tokens if self.max_draft_tokens is not None else DEFAULT_MAX_DRAFT_TOKENS[self.method]
 
     @classmethod
     def of(cls, value: SpeculativeConfig | str | None, **fields) -> SpeculativeConfig | None:
