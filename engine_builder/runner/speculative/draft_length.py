@@ -36,6 +36,11 @@ class StepCosts:
     t1: float | None = None  # a plain one-token decode step, sampling included
     slope: float | None = None  # extra seconds per token in a verify step
     draft_token: float = 0.0  # proposer seconds per drafted token
+    # verify widths (and 0: a proposal) seen once. The first step of a new width is not what the next ones cost:
+    # the backend makes its binding and onnxruntime plans memory for the new shape (measured: a first width-3
+    # step of 109 ms, then ~45 ms, beside t1 40 ms), and with EMA weights one such sample kept an adaptive
+    # draft run in plain steps for most of a story at 100 % acceptance
+    warm: set[int] = field(default_factory=set)
 
     def observe_plain(self, seconds: float) -> None:
         self.t1 = seconds if self.t1 is None else (1 - EMA) * self.t1 + EMA * seconds
@@ -43,10 +48,16 @@ class StepCosts:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if self.t1 is None or tokens < 2:
             return
+        if tokens not in self.warm:
+            self.warm.add(tokens)
+            return
         slope = max(0.0, (seconds - self.t1) / (tokens - 1))
         self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
 
     def observe_proposal(self, drafted: int, seconds: float) -> None:
+        if drafted and 0 not in self.warm:
+            self.warm.add(0)
+            return
         if drafted:
             per = seconds / drafted
             self.draft_token = per if self.draft_token == 0.0 else (1 - EMA) * self.draft_token + EMA * per

@@ -154,9 +154,12 @@ class SpeculativeGenerator(Generator):
         if not k:
             return NO_PROPOSAL
         started, before = time.perf_counter(), getattr(self.proposer, "seconds", None)
+        timed_before = getattr(self.proposer, "timed_tokens", 0)
         proposal = self.proposer.propose(r, k)
-        spent = time.perf_counter() - started if before is None else self.proposer.seconds - before
-        self.costs.observe_proposal(len(proposal.tokens), spent)
+        if before is None:
+            self.costs.observe_proposal(len(proposal.tokens), time.perf_counter() - started)
+        else:  # the proposer times its own steady drafting only (draft.py); an untimed proposal is no sample
+            self.costs.observe_proposal(self.proposer.timed_tokens - timed_before, self.proposer.seconds - before)
         return proposal
 
     def _room(self, r: RequestState) -> int:

@@ -10,10 +10,12 @@ from engine_builder.util.errors import InputError
 
 Method = Literal["ngram", "draft"]
 METHODS: tuple[str, ...] = ("ngram", "draft")
-# adaptive mode's ceiling. draft: a verify step of 8 tokens still costs about one decode step on a CPU, and
-# every draft token is a draft model step. ngram: drafts are free, and in the middle of a copy 15 of them
-# (a 16-token verify step, the graph's logits_tail) are mostly accepted (benchmarks/speculative.py)
-DEFAULT_MAX_DRAFT_TOKENS = {"ngram": 15, "draft": 7}
+# adaptive mode's ceiling: 15 drafts, a 16-token verify step (the graph's default logits_tail), which costs
+# ~1.7-2.2 plain steps on the 2-core CPU. ngram: in the middle of a copy such drafts are mostly accepted;
+# draft: an int4 draft holding the target's own weights (`convert --quant gguf`) agrees on ~100 % of tokens,
+# and k=11 decoded 2.0x plain where k=4 gave 1.5x (benchmarks/speculative.py). The measured acceptance and
+# costs pick the length below it (draft_length.py)
+DEFAULT_MAX_DRAFT_TOKENS = {"ngram": 15, "draft": 15}
 
 
 @dataclass(frozen=True)
