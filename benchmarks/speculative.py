@@ -48,14 +48,15 @@ def build_engines(work: Path, draft_quant: str = "int4_wo") -> dict[str, Path]:
 
     limits = Limits(max_batch=1, max_input_len=512, max_seq_len=1024)
     out = {}
-    for name, quant in (("float32", "none"), ("int4", draft_quant)):
-        name = name if quant in ("none", "int4_wo") else f"int4-{quant}"
+    drafts = {"int4_wo": "int4", "gguf": "int4-gguf", "int8_wo": "int8"}  # engine dir names of earlier runs kept
+    for name, quant in (("float32", "none"), ("draft", draft_quant)):
+        name = drafts.get(quant, name)
         ckpt, engine = work / f"ckpt-{name}", work / f"engine-{name}"
         if not ckpt.exists():
             convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant == "int4_wo" else None)
         if not engine.exists():
             build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
-        out[name.split("-")[0]] = engine
+        out["float32" if quant == "none" else "draft"] = engine
     return out
 
 
@@ -137,14 +138,14 @@ def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     plain = LLM(engines["float32"], threads=threads)
     ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
     specs = {label: LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
-        "draft", draft_engine=str(engines["int4"]), num_draft_tokens=k))
-        for label, k in (("adaptive", None), ("k4", 4))}
+        "draft", draft_engine=str(engines["draft"]), num_draft_tokens=k))
+        for label, k in (("adaptive", None), ("k4", 4), ("k11", 11))}
     r = timed({"plain": ours(plain, ids, max_new_tokens),
-               "int4_alone": ours(LLM(engines["int4"], threads=threads), ids, max_new_tokens),
+               "draft_alone": ours(LLM(engines["draft"], threads=threads), ids, max_new_tokens),
                **{label: ours(llm, ids, max_new_tokens) for label, llm in specs.items()}}, runs)
     t_plain, want = r["plain"]
     out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain,
-           "int4_alone_s": r["int4_alone"][0]}
+           "draft_alone_s": r["draft_alone"][0]}
     for label, llm in specs.items():
         t_spec, got = r[label]
         assert got.token_ids == want.token_ids, "draft speculation changed the greedy tokens"
@@ -166,7 +167,7 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     from engine_builder import LLM
     from engine_builder.runner.speculative import SpeculativeConfig
 
-    target, draft = LLM(engines["float32"], threads=threads), LLM(engines["int4"], threads=threads)
+    target, draft = LLM(engines["float32"], threads=threads), LLM(engines["draft"], threads=threads)
     ids = target.encode_chat([{"role": "user", "content": STORY_TASK}])
     slots = {}
     for name, llm in (("target", target), ("draft", draft)):
@@ -187,7 +188,7 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     verify = {w: med["target", w] / t1 for (name, w) in shapes if name == "target"}
     c = med["draft", 1] / t1
     spec = LLM(engines["float32"], threads=threads,
-               speculative=SpeculativeConfig("draft", draft_engine=str(engines["int4"]), num_draft_tokens=4))
+               speculative=SpeculativeConfig("draft", draft_engine=str(engines["draft"]), num_draft_tokens=4))
     ours(spec, ids, max_new_tokens)()
     alpha = spec.generator.stats.to_json()["acceptance_rate"]
 
@@ -260,9 +261,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtbuild-bench-speculative"))
     parser.add_argument("--parts", default="copy,draft,worst")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime and torch threads (default: cores)")
-    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf"),
-                        help="the draft's int4: int4_wo (re-quantized, RTN) or gguf (the GGUF's own Q4_1 blocks: "
-                             "the float32 target's exact weights, in int4)")
+    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf", "int8_wo"),
+                        help="the draft's quantization: int4_wo (re-quantized, RTN, group 64), gguf (the GGUF's own "
+                             "Q4_1 blocks: the float32 target's exact weights, in int4; onnxruntime computes them "
+                             "with float activations) or int8_wo (per channel, int8 activations)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from engine_builder.util.cpu_cores import physical_cores
