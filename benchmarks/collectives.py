@@ -1,4 +1,4 @@
-"""All-reduce bandwidth at a decode step's message sizes, and the per-token collective cost of tp=2.
+"""All-reduce bandwidth at a decode step's message sizes, and the per-token collective cost of tp=2 (and tp=4).
 
     .venv/bin/python benchmarks/collectives.py [--backend gloo|nccl] [--world-size 2] [--no-decode] [--json]
         [--model smollm2|tiny] [--engines DIR [--save-engines]]
@@ -16,13 +16,14 @@
    (no onnxruntime), so it runs as is on a GPU machine that has nothing else.
 2. (unless --no-decode; needs onnxruntime) decode-step time of a SmolLM2-shaped random llama (hidden 576,
    intermediate 1536, 30 layers, vocab 49152; 8 heads / 2 KV heads of 72, because SmolLM2's 9 heads do not
-   split in 2) as a trtbuild tp engine: tp=2 ranks vs the same segmented graphs at tp=1 (one process, no
-   collective) vs the single-graph onnxruntime engine, and rank 0's time inside collectives per step
+   split in 2) as a trtbuild tp engine: tp=2 ranks (and tp=4 with --world-size 4; its 2 KV heads are then
+   replicated) vs the same segmented graphs at tp=1 (one process, no collective) vs the single-graph
+   onnxruntime engine, and rank 0's time inside collectives per step
    (2 all-reduces per layer + the embedding's + the logits' all-gather). Segments run on onnxruntime CPU;
    with nccl the collectives go through the GPUs.
 
---engines DIR --save-engines keeps the decode part's engine dirs (single/, tp1/, tp2/) in DIR; --engines DIR alone
-reuses them, e.g. tiny ones (--model tiny, ~1 MB) built here and carried to a GPU machine.
+--engines DIR --save-engines keeps the decode part's engine dirs (single/, tp1/, tp2/[, tp4/]) in DIR;
+--engines DIR alone reuses them, e.g. tiny ones (--model tiny, ~1 MB) built here and carried to a GPU machine.
 
 Writes benchmarks/results/collectives-<backend>-<device>.json (device name, driver and NCCL versions on CUDA).
 """
@@ -60,7 +61,6 @@ SMOL_SHAPED = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, nu
 TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
 MODELS = {"smollm2": SMOL_SHAPED, "tiny": TINY}
-ENGINE_NAMES = ("single", "tp1", "tp2")
 
 
 # ---- part 1: all-reduce sweep (torch only) ------------------------------------------------------------------
@@ -157,8 +157,8 @@ def _nvidia_smi(args: list[str]) -> str:
 
 
 # ---- part 2: decode step tp=2 vs tp=1 (onnxruntime + trtbuild) ------------------------------------------------
-def make_engines(work: Path, shape: dict[str, Any]) -> dict[str, Path]:
-    """A random llama of SHAPE as a tp=2 engine, a tp=1 segmented engine and a single-graph engine."""
+def make_engines(work: Path, shape: dict[str, Any], tps: tuple[int, ...]) -> dict[str, Path]:
+    """A random llama of SHAPE as a tp=N engine per N in TPS, a tp=1 segmented engine and a single-graph one."""
     import dataclasses
 
     import transformers
@@ -180,9 +180,14 @@ def make_engines(work: Path, shape: dict[str, Any]) -> dict[str, Path]:
     build(work / "ckpt1", work / "single", config)
     shard_checkpoint(work / "ckpt1", ParallelMapping(1, 1))  # the same weights as a 1-rank segmented checkpoint
     build_parallel(work / "ckpt1", work / "tp1", dataclasses.replace(config))
-    convert(hf, work / "ckpt2", dtype="float32", tp=2)
-    build_parallel(work / "ckpt2", work / "tp2", config)
-    return {"single": work / "single", "tp1": work / "tp1", "tp2": work / "tp2"}
+    for tp in tps:
+        convert(hf, work / f"ckpt{tp}", dtype="float32", tp=tp)
+        build_parallel(work / f"ckpt{tp}", work / f"tp{tp}", config)
+    return {name: work / name for name in engine_names(tps)}
+
+
+def engine_names(tps: tuple[int, ...]) -> tuple[str, ...]:
+    return ("single", "tp1", *(f"tp{tp}" for tp in tps))
 
 
 def decode_steps(backend_obj: Any, batch: int, steps: int, prompt_len: int = 16) -> tuple[list[float], float]:
@@ -262,20 +267,22 @@ def single_graph_decode(engine: Path, batches: tuple[int, ...], steps: int, thre
 
 
 def run_decode(backend: str, batches: tuple[int, ...], steps: int, model: str, engines_dir: Path | None,
-               save_engines: bool) -> dict[str, Any]:
-    """ENGINES_DIR: reuse (or with SAVE_ENGINES, write) its single/, tp1/, tp2/ engine dirs instead of a temp dir."""
+               save_engines: bool, tps: tuple[int, ...]) -> dict[str, Any]:
+    """ENGINES_DIR: reuse (or with SAVE_ENGINES, write) its single/, tp1/, tp<N>/ engine dirs instead of a temp
+    dir."""
     cores = len(os.sched_getaffinity(0))
     shape = MODELS[model]
     with tempfile.TemporaryDirectory(prefix="collectives-") as tmp:
         work = engines_dir if engines_dir is not None else Path(tmp)
         if engines_dir is None or save_engines:
-            engines = make_engines(work, shape)
+            engines = make_engines(work, shape, tps)
         else:
-            engines = {name: work / name for name in ENGINE_NAMES}
+            engines = {name: work / name for name in engine_names(tps)}
         single = single_graph_decode(engines["single"], batches, steps, cores)
         ctx = mp.get_context("spawn")
         results = {}
-        for name, world in (("tp1", 1), ("tp2", 2)):
+        for world in (1, *tps):
+            name = f"tp{world}"
             queue = ctx.Queue()
             mp.start_processes(_decode_worker, args=(world, _free_port(), backend, str(engines[name]), batches,
                                                      steps, max(1, cores // world), queue),
@@ -284,14 +291,18 @@ def run_decode(backend: str, batches: tuple[int, ...], steps: int, model: str, e
     table = {}
     for batch in batches:
         key = f"batch {batch}"
-        tp1, tp2 = results["tp1"][key], results["tp2"][key]
-        table[key] = {"single_graph_step_ms": single[key]["step_ms"], "tp1_segmented_step_ms": tp1["step_ms"],
-                      "tp2_step_ms": tp2["step_ms"], "tp2_collective_ms_per_step": tp2["collective_ms_per_step"],
-                      "tp2_over_tp1": round(tp2["step_ms"] / tp1["step_ms"], 3),
-                      "collective_share_of_tp2_step": round(tp2["collective_ms_per_step"] / tp2["step_ms"], 3)}
+        tp1 = results["tp1"][key]
+        table[key] = {"single_graph_step_ms": single[key]["step_ms"], "tp1_segmented_step_ms": tp1["step_ms"]}
+        for tp in tps:
+            row = results[f"tp{tp}"][key]
+            table[key] |= {f"tp{tp}_step_ms": row["step_ms"],
+                           f"tp{tp}_collective_ms_per_step": row["collective_ms_per_step"],
+                           f"tp{tp}_over_tp1": round(row["step_ms"] / tp1["step_ms"], 3),
+                           f"collective_share_of_tp{tp}_step": round(row["collective_ms_per_step"] / row["step_ms"],
+                                                                     3)}
     return {"model": model, "shape": {k: v for k, v in shape.items() if k not in ("bos_token_id", "eos_token_id")},
             "collectives_per_step": f"{2 * shape['num_hidden_layers'] + 1} all-reduces + 1 all-gather",
-            "cores": cores, "threads_per_rank": {"tp1": cores, "tp2": max(1, cores // 2)}, "steps": steps,
+            "cores": cores, "threads_per_rank": {f"tp{n}": max(1, cores // n) for n in (1, *tps)}, "steps": steps,
             "by_batch": table}
 
 
@@ -330,7 +341,7 @@ def main() -> None:
     parser.add_argument("--no-decode", action="store_true", help="all-reduce sweep only (torch only)")
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2",
                         help="decode part: the SmolLM2-shaped llama, or the tests' tiny one")
-    parser.add_argument("--engines", type=Path, help="decode part: reuse the single/ tp1/ tp2/ engine dirs here "
+    parser.add_argument("--engines", type=Path, help="decode part: reuse the single/ tp1/ tp<N>/ engine dirs here "
                                                      "(built elsewhere, e.g. carried to a GPU machine)")
     parser.add_argument("--save-engines", action="store_true", help="build the engines into --engines (kept)")
     parser.add_argument("--json", action="store_true")
@@ -350,12 +361,15 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "collectives", "world_size": world, "date": time.strftime("%Y-%m-%d"),
                               "device": device_info(args.backend), "allreduce": rows}
     if not args.no_decode and not under_torchrun:
-        result["decode_tp2_vs_tp1"] = run_decode(args.backend, tuple(args.batch), args.decode_steps, args.model,
-                                                 args.engines, args.save_engines)
+        # tp=2 always; tp=4 too where 4 ranks fit (--world-size 4: one GPU each with nccl)
+        tps = tuple(tp for tp in (2, 4) if tp <= max(2, world))
+        result["decode_tp_vs_tp1"] = run_decode(args.backend, tuple(args.batch), args.decode_steps, args.model,
+                                                args.engines, args.save_engines, tps)
     RESULTS.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", str(result["device"]["device"]).lower()).strip("-")
     # the sweep alone (--no-decode, or under torchrun) never overwrites a file with the decode figures
-    suffix = "-allreduce" if "decode_tp2_vs_tp1" not in result else "" if args.model == "smollm2" else f"-{args.model}"
+    suffix = "-allreduce" if "decode_tp_vs_tp1" not in result else "" if args.model == "smollm2" else f"-{args.model}"
+    suffix += f"-x{world}" if world > 2 else ""
     path = RESULTS / f"collectives-{args.backend}-{slug}{suffix}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
@@ -365,13 +379,15 @@ def main() -> None:
     for r in rows:
         print(f"  {r['message']:<30} {r['dtype']:<5} {r['bytes']:>9} B  {r['latency_us']:>9.1f} us  "
               f"busbw {r['busbw_GBps']:.3f} GB/s  runtime path {r['runtime_us']:>9.1f} us")
-    decode = result.get("decode_tp2_vs_tp1")
+    decode = result.get("decode_tp_vs_tp1")
     if decode:
         print(f"decode step, {decode['model']} llama, {decode['collectives_per_step']} per step:")
         for key, row in decode["by_batch"].items():
+            tps = "; ".join(f"tp={n} {row[f'tp{n}_step_ms']} ms (x{row[f'tp{n}_over_tp1']}), collectives "
+                            f"{row[f'tp{n}_collective_ms_per_step']} ms/step"
+                            for n in (2, 4) if f"tp{n}_step_ms" in row)
             print(f"  {key}: single graph {row['single_graph_step_ms']} ms, tp=1 segmented "
-                  f"{row['tp1_segmented_step_ms']} ms, tp=2 {row['tp2_step_ms']} ms (x{row['tp2_over_tp1']}), "
-                  f"collectives {row['tp2_collective_ms_per_step']} ms/step")
+                  f"{row['tp1_segmented_step_ms']} ms; {tps}")
     print(f"wrote {path}")
 
 

@@ -5,13 +5,16 @@
 
 SmolLM2-135M-Instruct (the bundled GGUF) in float32, two onnxruntime twins built with the default pass
 list: `--kv-layout slots` (GroupQueryAttention updating the slot cache in place) and `--kv-layout paged`
-(ScatterND into the block pool bound over itself, Gather of the step's blocks, Attention over them).
+(ScatterND into the head-major block pool bound over itself, Gather of the step's blocks, Attention over
+them with each KV head's query heads stacked: no transpose of the gathered cache).
 Each batch row is prefilled with --context tokens, then --steps decode steps are timed one by one
 (backend.step, the engine call plus binding). The contenders alternate run by run, so load from
 elsewhere on a shared machine hits both alike; figures are medians over every timed step of every run.
+Each step's CPU time (process_time) is recorded too: with --threads 1 it is the work per step, which
+other jobs' load does not inflate (wall time on a shared 2-core machine swings by +-15 % run to run).
 
-The gather cost is measured alone: a graph of just the paged read (Gather + Transpose + Reshape of
-every layer's keys and values, the same shapes as a decode step at that context) run on the same pool.
+The gather cost is measured alone: a graph of just the paged read (Gather + Reshape of every layer's
+keys and values, the same shapes as a decode step at that context) run on the same pool.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ def engine_dirs(work: Path, max_batch: int, max_seq: int, block_size: int) -> di
     return dirs
 
 
-def decode_steps(backend, batch: int, context: int, steps: int) -> list[float]:
-    """Prefill BATCH rows of CONTEXT tokens, then time STEPS decode steps; seconds per step."""
+def decode_steps(backend, batch: int, context: int, steps: int, cpu: list[float] | None = None) -> list[float]:
+    """Prefill BATCH rows of CONTEXT tokens, then time STEPS decode steps; seconds per step (and each step's
+    CPU seconds appended to cpu)."""
     kv = backend.kv
     rng = np.random.default_rng(0)
     slots = [kv.allocate(("bench", r), context, steps + 1) for r in range(batch)]
@@ -61,9 +65,11 @@ def decode_steps(backend, batch: int, context: int, steps: int) -> list[float]:
         ids = rng.integers(10, 1000, (batch, 1))
         times = []
         for _ in range(steps):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             backend.step(0, ids)
             times.append(time.perf_counter() - started)
+            if cpu is not None:
+                cpu.append(time.process_time() - cpu_started)
             for s in slots:
                 kv.advance(s, 1)
         return times
@@ -82,16 +88,15 @@ def gather_seconds(layout, pool_blocks: int, batch: int, context: int, threads: 
 
     width = -(-(context + 1) // layout.block_size)
     nodes, outputs = [], []
-    pool_shape = ["num_blocks", layout.kv_heads, layout.block_size, layout.head_dim]
+    pool_shape = list(layout.pool_shape("num_blocks"))  # head-major: [kv_heads, num_blocks, B, head_dim]
     inputs = [helper.make_tensor_value_info("block_table", TensorProto.INT64, ["batch", "w"])]
-    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [0, layout.kv_heads, -1, layout.head_dim])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [layout.kv_heads, 0, -1, layout.head_dim])
     for i in range(2 * layout.num_layers):
         inputs.append(helper.make_tensor_value_info(f"pool{i}", TensorProto.FLOAT, pool_shape))
         # a one-element Slice of each gathered cache is the output: the big intermediates are freed and
         # their memory reused layer after layer, as in the decoder, instead of 2 x layers graph outputs
-        nodes += [helper.make_node("Gather", [f"pool{i}", "block_table"], [f"g{i}"], axis=0),
-                  helper.make_node("Transpose", [f"g{i}"], [f"t{i}"], perm=[0, 2, 1, 3, 4]),
-                  helper.make_node("Reshape", [f"t{i}", "shape"], [f"r{i}"]),
+        nodes += [helper.make_node("Gather", [f"pool{i}", "block_table"], [f"g{i}"], axis=1),
+                  helper.make_node("Reshape", [f"g{i}", "shape"], [f"r{i}"]),
                   helper.make_node("Slice", [f"r{i}", "zero", "one", "three"], [f"out{i}"])]
         outputs.append(helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None))
     consts = [shape, *(helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in
@@ -135,10 +140,11 @@ def main() -> None:
                                          kv_cache_memory=paged_engine.twin_paged_layout.bytes_per_block
                                          * (max_batch * -(-max_seq // args.block_size) + 1))}
     steps: dict[tuple[str, int], list[float]] = {(k, b): [] for k in backends for b in args.batch}
+    cpu: dict[tuple[str, int], list[float]] = {(k, b): [] for k in backends for b in args.batch}
     for _ in range(args.runs):
         for batch in args.batch:
             for name, backend in backends.items():
-                steps[name, batch] += decode_steps(backend, batch, args.context, args.steps)
+                steps[name, batch] += decode_steps(backend, batch, args.context, args.steps, cpu[name, batch])
     layout = paged_engine.twin_paged_layout
     pool_blocks = backends["paged"].kv.pool.num_blocks
     # the in-place check: a 4x larger pool must not slow a step (a copied pool would cost its bytes per step)
@@ -156,8 +162,11 @@ def main() -> None:
         slots_ms = statistics.median(steps["slots", batch]) * 1e3
         paged_ms = statistics.median(steps["paged", batch]) * 1e3
         gather_ms = gather_seconds(layout, pool_blocks, batch, args.context, args.threads, 5 * args.steps) * 1e3
+        slots_cpu, paged_cpu = (statistics.median(cpu[k, batch]) * 1e3 for k in ("slots", "paged"))
         rows.append({"batch": batch, "context": args.context, "slots_step_ms": round(slots_ms, 3),
                      "paged_step_ms": round(paged_ms, 3), "paged_over_slots": round(paged_ms / slots_ms, 4),
+                     "slots_cpu_ms": round(slots_cpu, 3), "paged_cpu_ms": round(paged_cpu, 3),
+                     "paged_over_slots_cpu": round(paged_cpu / slots_cpu, 4),
                      "gather_ms_per_step": round(gather_ms, 3)})
     if args.json:
         print(json.dumps({"rows": rows, "block_size": args.block_size, "runs": args.runs, "steps": args.steps,
@@ -165,10 +174,11 @@ def main() -> None:
         return
     print(f"SmolLM2-135M float32 twin, context {args.context}, block {args.block_size}, "
           f"medians of {args.runs} x {args.steps} decode steps")
-    print(f"{'batch':>5} {'slots ms':>9} {'paged ms':>9} {'paged/slots':>11} {'gather ms':>9}")
+    print(f"{'batch':>5} {'slots ms':>9} {'paged ms':>9} {'paged/slots':>11} {'cpu paged/slots':>15} "
+          f"{'gather ms':>9}")
     for r in rows:
         print(f"{r['batch']:>5} {r['slots_step_ms']:>9.2f} {r['paged_step_ms']:>9.2f} "
-              f"{r['paged_over_slots']:>11.3f} {r['gather_ms_per_step']:>9.2f}")
+              f"{r['paged_over_slots']:>11.3f} {r['paged_over_slots_cpu']:>15.3f} {r['gather_ms_per_step']:>9.2f}")
     print(f"in place: batch-1 paged step {in_place['bs1_step_ms'][0]:.2f} ms with a {in_place['pool_mib'][0]} MiB "
           f"pool, {in_place['bs1_step_ms'][1]:.2f} ms with {in_place['pool_mib'][1]} MiB")
 

@@ -2,7 +2,8 @@
 and abandoned requests, for a fixed time.
 
     .venv/bin/python benchmarks/serve_soak.py [--minutes 10] [--valid-clients 4] [--hostile-clients 12]
-                                              [--baseline-minutes 1] [--work build/bench-serve] [--json]
+                                              [--baseline-minutes 1] [--hostile-kinds cut,oversized,top_n,malformed]
+                                              [--work build/bench-serve] [--json]
 
 SmolLM2-135M-Instruct fp32 on the onnxruntime twin (decode.py's engine build, 8 KV slots), one
 `trtbuild serve` subprocess on 127.0.0.1. Valid requests are /v1/completions or TGI /generate, short
@@ -10,8 +11,8 @@ prompts, 8-32 tokens, greedy. Hostile requests are drawn at random:
 
     streamed, cut   a streaming request the client closes after its first chunk
     oversized       a 4 MiB body (over the default 1 MiB limit): 413 expected
-    huge top_n      top_logprobs 10**6: 422 expected
-    malformed       broken JSON, a non-UTF-8 body, a wrong field type: 422 expected
+    huge top_n      top_logprobs 10**6: 400 expected (OpenAI routes answer 400, TGI 422)
+    malformed       broken JSON, a non-UTF-8 body, a wrong field type: 400 expected
 
 1. baseline: --valid-clients clients send valid requests for --baseline-minutes: their p99 latency.
 2. soak: the same valid clients plus --hostile-clients hostile ones, for --minutes.
@@ -82,8 +83,8 @@ async def one(client, rng: random.Random, kind: str) -> tuple[str, int, float | 
     return kind, r.status_code, None
 
 
-async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: int,
-               seed: int) -> list[tuple[str, int, float | None]]:
+async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: int, seed: int,
+               hostile: tuple[str, ...] = HOSTILE) -> list[tuple[str, int, float | None]]:
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -100,7 +101,7 @@ async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: in
                     results.append((kind, 0, None))
 
     await asyncio.gather(*(client_loop(i, ("valid",)) for i in range(valid_clients)),
-                         *(client_loop(valid_clients + i, HOSTILE) for i in range(hostile_clients)))
+                         *(client_loop(valid_clients + i, hostile) for i in range(hostile_clients)))
     return results
 
 
@@ -114,9 +115,15 @@ def main() -> None:
     parser.add_argument("--valid-clients", type=int, default=4)
     parser.add_argument("--hostile-clients", type=int, default=12)
     parser.add_argument("--baseline-minutes", type=float, default=1.0)
+    parser.add_argument("--hostile-kinds", default=",".join(HOSTILE),
+                        help="which hostile kinds to draw from (comma-separated; default all): separates what the "
+                             "refusals cost from what the cut streams, which are real generation up to the cut, cost")
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    kinds = tuple(args.hostile_kinds.split(","))
+    if unknown := set(kinds) - set(HOSTILE):
+        parser.error(f"--hostile-kinds: unknown {sorted(unknown)}; choose from {', '.join(HOSTILE)}")
     from live_server import LiveServer
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -125,7 +132,8 @@ def main() -> None:
     try:
         baseline = asyncio.run(soak(server.url, args.baseline_minutes * 60, args.valid_clients, 0, seed=1))
         rss_start = rss_bytes(server.proc.pid)
-        results = asyncio.run(soak(server.url, args.minutes * 60, args.valid_clients, args.hostile_clients, seed=1))
+        results = asyncio.run(soak(server.url, args.minutes * 60, args.valid_clients, args.hostile_clients, seed=1,
+                                   hostile=kinds))
         rss_end = rss_bytes(server.proc.pid)
     finally:
         code = server.stop()
@@ -135,7 +143,8 @@ def main() -> None:
 
     idle, loaded = latencies(baseline), latencies(results)
     result = {
-        "minutes": args.minutes, "valid_clients": args.valid_clients, "hostile_clients": args.hostile_clients,
+        "minutes": args.minutes, "hostile_kinds": list(kinds), "valid_clients": args.valid_clients,
+        "hostile_clients": args.hostile_clients,
         "requests": len(results), "baseline_requests": len(baseline),
         "responses": dict(sorted(statuses.items())),
         "http_5xx": sum(n for key, n in statuses.items() if key.split()[1].startswith("5")),

@@ -39,18 +39,28 @@ def shard_tensor(name: str, full: torch.Tensor, cfg: ModelConfig, mapping: Paral
     if name.endswith("attn.o.weight"):  # row-parallel: its heads' input columns
         cols = cfg.q_dim // tp
         return full[:, tp_rank * cols:(tp_rank + 1) * cols]
-    if name.endswith("mlp.gate_up.weight"):  # column-parallel: its slice of gate, then of up
-        inter = cfg.intermediate_size
-        part = inter // tp
-        gate, up = full[:inter], full[inter:]
-        return torch.cat([gate[tp_rank * part:(tp_rank + 1) * part], up[tp_rank * part:(tp_rank + 1) * part]])
-    if name.endswith("mlp.down.weight"):
+    if name.endswith(("mlp.gate_up.weight", "mlp.shared.gate_up.weight")):  # column-parallel: gate's slice, up's
+        return _gate_up_slice(full, full.shape[0] // 2, tp, tp_rank)
+    if name.endswith(("mlp.down.weight", "mlp.shared.down.weight")):  # row-parallel: its input columns
+        part = full.shape[1] // tp
+        return full[:, tp_rank * part:(tp_rank + 1) * part]
+    if name.endswith("mlp.experts.gate_up.weight"):  # [E * 2I, H]: each expert's gate/up, as above
+        experts = cfg.block.mlp.num_experts
+        return torch.cat([_gate_up_slice(e, cfg.intermediate_size, tp, tp_rank) for e in full.chunk(experts)])
+    if name.endswith("mlp.experts.down.weight"):  # [E * H, I]: each expert's input columns
         part = cfg.intermediate_size // tp
         return full[:, tp_rank * part:(tp_rank + 1) * part]
     if name in ("embed.weight", "lm_head.weight"):  # vocab-parallel rows
         rows = cfg.vocab_size // tp
         return full[tp_rank * rows:(tp_rank + 1) * rows]
-    return full  # norms: replicated
+    return full  # norms, an MoE's router and shared-expert gate: replicated
+
+
+def _gate_up_slice(full: torch.Tensor, inter: int, tp: int, tp_rank: int) -> torch.Tensor:
+    """Rows [gate; up] of width INTER each -> this rank's inter/tp rows of gate, then of up."""
+    part = inter // tp
+    gate, up = full[:inter], full[inter:]
+    return torch.cat([gate[tp_rank * part:(tp_rank + 1) * part], up[tp_rank * part:(tp_rank + 1) * part]])
 
 
 def shard_checkpoint(ckpt_dir: Path, mapping: ParallelMapping) -> None:

@@ -91,7 +91,7 @@ def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dic
 
 
 def paged_profile_shapes(config: BuildConfig, model_inputs: list[ir.Value]) -> dict[str, tuple]:
-    """(min, opt, max) of a paged graph's pool inputs [num_blocks, kv_heads, B, head_dim] (up to
+    """(min, opt, max) of a paged graph's pool inputs [kv_heads, num_blocks, B, head_dim] (up to
     PagedKVLayout.max_pool_blocks) and block_table [batch, max_blocks] (up to max_seq_len / B); empty for slots."""
     if config.kv_layout != "paged":
         return {}
@@ -101,8 +101,8 @@ def paged_profile_shapes(config: BuildConfig, model_inputs: list[ir.Value]) -> d
     shapes: dict[str, tuple] = {io.BLOCK_TABLE: ((1, 1), (1, min(per_seq, 8)), (lim.max_batch, per_seq))}
     for value in model_inputs:
         if value.name.startswith(("kv_pool_key.", "kv_pool_value.")):
-            rest = tuple(int(d) for d in value.shape[1:])  # [kv_heads, B, head_dim]
-            shapes[value.name] = ((1, *rest), (lim.max_batch * per_seq + 1, *rest), (most, *rest))
+            heads, rest = int(value.shape[0]), tuple(int(d) for d in value.shape[2:])  # kv_heads; [B, head_dim]
+            shapes[value.name] = tuple((heads, n, *rest) for n in (1, lim.max_batch * per_seq + 1, most))
     return shapes
 
 

@@ -12,11 +12,13 @@ from engine_builder.cli.chat_cmd import chat
 from engine_builder.cli.console import state, user_errors
 from engine_builder.cli.convert_cmd import convert
 from engine_builder.cli.eval_cmd import eval_command
+from engine_builder.cli.export_triton_cmd import export_triton
 from engine_builder.cli.inspect_cmd import inspect
 from engine_builder.cli.plan_cmd import plan
 from engine_builder.cli.route_cmd import route
 from engine_builder.cli.run_cmd import run
 from engine_builder.cli.serve_cmd import serve
+from engine_builder.cli.serve_triton_cmd import serve_triton
 from engine_builder.cli.verify_cmd import verify
 from engine_builder.util.version import __version__
 
@@ -51,7 +53,7 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebac
 
 for name, command in (("convert", convert), ("build", build), ("inspect", inspect), ("run", run), ("serve", serve),
                       ("eval", eval_command), ("verify", verify), ("route", route), ("chat", chat),
-                      ("plan", plan)):
+                      ("plan", plan), ("export-triton", export_triton), ("serve-triton", serve_triton)):
     app.command(name)(user_errors(command))
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def serve(
                                                                     "auto, what costs about one decode step.")]
     = None,
     kv_budget_tokens: Annotated[int | None, typer.Option(help="KV cache tokens all running requests may hold "
-                                                              "together (each holds prompt + max_new_tokens, in "
-                                                              "16-token blocks); default: max_batch x "
+                                                              "together (each holds its context so far, in 16-token "
+                                                              "blocks, growing as it decodes; the least urgent is "
+                                                              "preempted when they run out); default: max_batch x "
                                                               "max_seq_len.")] = None,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
                                                          "finish before they are cancelled.")]

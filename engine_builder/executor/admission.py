@@ -4,8 +4,9 @@
     plan.admit, plan.preempt
 
 Order: by priority (lower first, vLLM's convention), then arrival. A request is admitted when a row
-(a KV slot under max_batch) and the KV blocks it needs (prompt + max_new_tokens, kv_budget.py) are
-free. When it does not fit:
+(a KV slot under max_batch) and the KV blocks it needs now (its context + the next step's tokens:
+optimistic, it grows later, kv_growth.py) are free beyond a watermark kept for the running requests'
+growth. When it does not fit:
 
   preemption   if running requests of strictly lower priority (a higher value) would free enough,
                the least urgent and newest of them are preempted by recompute (preemption.py): they
@@ -45,8 +46,10 @@ def order_key(r: RequestState) -> tuple[int, int]:
 def plan_admission(waiting: Sequence[RequestState], running: Sequence[RequestState], room: Room, *,
                    need: Callable[[RequestState], int], held: Callable[[RequestState], int],
                    skips: dict[int, int], max_overtakes: int, preempt: bool = True,
-                   preemptible: Callable[[RequestState], bool] = lambda r: True) -> AdmissionPlan:
-    """The requests to admit and to preempt now. skips (request id -> times overtaken) is updated in place."""
+                   preemptible: Callable[[RequestState], bool] = lambda r: True, watermark: int = 0) -> AdmissionPlan:
+    """The requests to admit and to preempt now. skips (request id -> times overtaken) is updated in place.
+    watermark: blocks kept free for the running requests' growth once anything runs (optimistic admission:
+    kv_growth.py); a request alone may take them all, so one that fits the budget always runs."""
     rows, blocks = room.rows, room.blocks
     admit: list[RequestState] = []
     evict: list[RequestState] = []
@@ -55,7 +58,8 @@ def plan_admission(waiting: Sequence[RequestState], running: Sequence[RequestSta
     passed_over: list[RequestState] = []
     for r in sorted(waiting, key=order_key):
         n = need(r)
-        if rows >= 1 and blocks >= n:
+        keep = watermark if (running or admit) else 0
+        if rows >= 1 and blocks - keep >= n:
             admit.append(r)
             rows, blocks = rows - 1, blocks - n
             for b in passed_over:

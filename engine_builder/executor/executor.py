@@ -5,8 +5,9 @@
     for event in handle.events(): print(event.text, end="")      # or: async for event in handle.aevents()
     executor.shutdown()
 
-Each step of the loop: take cancellations (their slots are freed at once) -> admit waiting requests
-(by priority and KV budget, preempting less urgent ones: scheduler.py)
+Each step of the loop: take cancellations (their slots are freed at once) -> grow the running requests'
+KV by the blocks this step writes, preempting the least urgent when blocks run out -> admit waiting
+requests (by priority and KV budget, preempting less urgent ones: scheduler.py)
 -> prefill chunks within the step's token budget -> one batched decode for
 every running sequence -> emit each new token to its handle -> retire finished requests. New
 requests join at the next step boundary: nobody waits for a batch to drain.
@@ -57,8 +58,8 @@ class ExecutorStats:
     requests_failed: int = 0  # ended with "error"
     kv_block_tokens: int = 0  # the scheduler's KV budget (executor/kv_budget.py): tokens per block
     kv_blocks_total: int = 0
-    kv_blocks_used: int = 0  # held by running requests (prompt + max_new_tokens each, in blocks)
-    preemptions: int = 0  # running requests preempted (recompute) for more urgent ones
+    kv_blocks_used: int = 0  # held by running requests (context so far + the next step's tokens each, in blocks)
+    preemptions: int = 0  # running requests preempted (recompute): for more urgent ones, or when blocks ran out
     chunked_prefill_steps: int = 0  # prefill chunks that left part of a prompt for a later step
 
 
@@ -173,7 +174,7 @@ class Executor:
             for r in cancelled:
                 if r.slot is not None:
                     gen.release(r)
-            sched.admit()
+            sched.schedule()
             if not (sched.waiting or sched.running or cancelled) and not self._accepting:
                 return False
         for r in cancelled:

@@ -2,15 +2,17 @@
 
     budget = KVBudget(block_size=16, total_blocks=64)     # 1,024 tokens of KV for all sequences together
     budget.blocks_for(prompt_len + max_new_tokens)        # what one request needs, rounded up to blocks
-    budget.hold(request_id, n); budget.release(request_id)
+    budget.hold(request_id, n); budget.grow(request_id, 1); budget.release(request_id)
 
 Today's cache gives each sequence a slot of max_seq_len positions for life (runner/kv_cache.py), so
 admitting by free slots alone runs at most max_batch sequences whatever their lengths, and a
 deployment sized for a few long sequences runs few short ones. Counting what each request can
-actually write (prompt + max_new_tokens, rounded up to blocks) lets a budget that holds 4 full
+actually write (its context so far, rounded up to blocks) lets a budget that holds 4 full
 max_seq_len sequences run 32 short ones together: what a block pool would hold, decided by the
-same arithmetic vLLM's scheduler does over its free block count. A request holds its blocks from
-admission to its end (or its preemption), so one that is admitted never runs out mid-way.
+same arithmetic vLLM's scheduler does over its free block count. Admission is optimistic, as in
+vLLM: a request holds the blocks of its context (+ the next step's tokens) and grows by a block when
+its decode crosses into one (kv_growth.py); when none is free, the least urgent running request is
+preempted by recompute and gives its blocks back.
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ class KVBudget:
         if blocks > self.free:
             raise ValueError(f"request {request_id} needs {blocks} KV blocks, {self.free} are free")
         self._held[request_id] = blocks
+        self._used += blocks
+
+    def grow(self, request_id: int, blocks: int) -> None:
+        """A running request takes `blocks` more (its decode reached the end of what it holds)."""
+        if request_id not in self._held:
+            raise ValueError(f"request {request_id} holds no KV blocks to grow")
+        if blocks > self.free:
+            raise ValueError(f"request {request_id} needs {blocks} more KV blocks, {self.free} are free")
+        self._held[request_id] += blocks
         self._used += blocks
 
     def release(self, request_id: int) -> None:

@@ -1,8 +1,14 @@
 """The executor's scheduling policy: who runs, how much KV each may hold, how many prompt tokens run per step.
 
+    grow      first, every running request gets the KV blocks this step writes into (its next decode
+              token(s), or the rest of its context), most urgent first; when blocks run out, the least
+              urgent, newest running request is preempted by recompute (kv_growth.py, preemption.py),
+              and nobody new is admitted this step.
     admit     by priority (lower first), then arrival: a waiting request enters when a row is free
-              (fewer than max_batch run, a KV slot is free) and the KV budget has the blocks it needs,
-              prompt + max_new_tokens rounded up to blocks (kv_budget.py). The budget, not the slot
+              (fewer than max_batch run, a KV slot is free) and the KV budget has the blocks of its
+              context plus the next step's tokens (optimistic, as vLLM: not prompt + max_new_tokens),
+              keeping a watermark of free blocks for the running requests' growth (kv_budget.py; a
+              paged engine's pool is checked the same way). The budget, not the slot
               count, is what bounds concurrency: with a budget of 4 full max_seq_len sequences an
               engine with 32 slots runs 32 short requests together. A more urgent request that does
               not fit preempts less urgent ones (preemption.py: recompute, identical tokens); a
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 from engine_builder.executor.admission import Room, plan_admission
 from engine_builder.executor.chunked_prefill import plan_chunks
 from engine_builder.executor.kv_budget import KVBudget, KVBudgetStats
+from engine_builder.executor.kv_growth import Blocks, grow_or_preempt
 from engine_builder.executor.preemption import Resumes
 from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
@@ -37,6 +44,7 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 DEFAULT_BLOCK_TOKENS = 16
+WATERMARK_SHARE = 0.01  # of the blocks, kept free at admission for running requests' growth (vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,9 @@ class Scheduler:
         kv = generator.backend.kv
         self.max_batch = config.batch_for(kv.batch_slots)
         self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
+        self.watermark = max(1, int(self.budget.total_blocks * WATERMARK_SHARE))
+        self.paged = getattr(kv, "paged", False)  # a block pool behind the slots: its free blocks count too
+        self.lookahead = generator.step_tokens  # positions one decode step may write per request
         self.resumes = Resumes(generator)
         self.step_budget = StepBudget(config.max_tokens_per_step)
         self.waiting: deque[RequestState] = deque()  # submitted or preempted, no slot
@@ -98,9 +109,14 @@ class Scheduler:
 
     # --- admission --------------------------------------------------------------------------------
 
+    def required(self, r: RequestState) -> int:
+        """KV positions r must have room for before this step: its context (prompt + generated, what a
+        resumed request prefills again) and the next step's tokens, at most its whole reservation."""
+        return min(len(r.prompt_ids) + r.params.max_new_tokens, len(r.prompt_ids) + len(r.token_ids) + self.lookahead)
+
     def need(self, r: RequestState) -> int:
-        """KV blocks r holds while it runs: its whole reservation, so it never runs out mid-way."""
-        return self.budget.blocks_for(len(r.prompt_ids) + r.params.max_new_tokens)
+        """KV budget blocks r needs now (optimistic admission: it grows later, grow())."""
+        return self.budget.blocks_for(self.required(r))
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request the KV budget could never hold, before it waits forever: InputError, since retrying
@@ -113,32 +129,77 @@ class Scheduler:
                              f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
                              "budget")
 
+    def schedule(self) -> list[RequestState]:
+        """This step's KV: grow the running requests (preempting when blocks run out), then admit what fits
+        unless that preempted anyone (those just preempted would be readmitted only to thrash). Returns the
+        preempted."""
+        preempted = self.grow()
+        return preempted if preempted else self.admit()
+
+    def grow(self) -> list[RequestState]:
+        """Blocks for this step's writes to every running request, most urgent first; preempts the least
+        urgent while they run out (kv_growth.py). Returns the preempted."""
+        kv, paged = self.generator.backend.kv, self.paged
+
+        def shortfall(r: RequestState) -> Blocks:
+            n = self.required(r)
+            return Blocks(self.budget.blocks_for(n) - self.budget.held(r.index),
+                          kv.blocks_to_grow(r.slot, n) if paged else 0)
+
+        def room() -> Blocks:
+            return Blocks(self.budget.free, kv.available_blocks() if paged else 0)
+
+        def grow(r: RequestState) -> None:
+            n = self.required(r)
+            extra = self.budget.blocks_for(n) - self.budget.held(r.index)
+            if extra > 0:
+                self.budget.grow(r.index, extra)
+            if paged:
+                kv.grow(r.slot, n)
+
+        return grow_or_preempt(list(self.running.values()), shortfall=shortfall, room=room, grow=grow,
+                               preempt=self._preempt)
+
+    def _preempt(self, r: RequestState) -> None:
+        del self.running[r.index]
+        self.budget.release(r.index)
+        self.resumes.preempt(r)
+        self.waiting.append(r)
+
     def admit(self) -> list[RequestState]:
         """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""
         kv = self.generator.backend.kv
         room = Room(min(self.max_batch - len(self.running), kv.num_free), self.budget.free)
         plan = plan_admission(self.waiting, list(self.running.values()), room, need=self.need,
                               held=lambda r: self.budget.held(r.index), skips=self._skips,
-                              max_overtakes=self.config.max_overtakes, preempt=self.config.preemption)
+                              max_overtakes=self.config.max_overtakes, preempt=self.config.preemption,
+                              watermark=self.watermark)
         for r in plan.preempt:
-            del self.running[r.index]
-            self.budget.release(r.index)
-            self.resumes.preempt(r)
-            self.waiting.append(r)
+            self._preempt(r)
         admitted = set()
         for r in plan.admit:
+            n = self.required(r)
+            if self.paged and not self._pool_admits(n, bool(self.running or admitted)):
+                break  # the engine's block pool is short (its own budget): the rest wait
             try:
-                self.generator.admit(r)
-            except CapacityError:  # a paged engine's block pool is short (its own budget): the rest wait a step
+                self.generator.admit(r, n)
+            except CapacityError:  # the pool is short even for a first request: the rest wait a step
                 break
             admitted.add(r.index)
-            self.budget.hold(r.index, self.need(r))
+            self.budget.hold(r.index, self.budget.blocks_for(n))
             self._skips.pop(r.index, None)
             self.running[r.index] = r
             self.resumes.load_prompt(r)
         if admitted:
             self.waiting = deque(r for r in self.waiting if r.index not in admitted)
         return list(plan.preempt)
+
+    def _pool_admits(self, tokens: int, others: bool) -> bool:
+        """Does a paged engine's pool have blocks for `tokens` more positions, beyond its watermark when others
+        run? (Conservative: a prefix-cache hit would map some of them instead.)"""
+        kv = self.generator.backend.kv
+        keep = max(1, int(kv.pool.num_blocks * WATERMARK_SHARE)) if others else 0
+        return kv.blocks.blocks_for(tokens) <= kv.available_blocks() - keep
 
     # --- prefill and decode -----------------------------------------------------------------------
 

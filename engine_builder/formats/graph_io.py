@@ -123,10 +123,10 @@ class KVCacheLayout:
 #
 #     block_table          int64 [batch, max_blocks]                    pool block of each sequence's logical
 #                                                                       block j (positions j*B .. j*B + B - 1)
-#     kv_pool_key.{i}      dtype [num_blocks, kv_heads, block_size, head_dim]   every sequence's keys, layer i
-#     kv_pool_value.{i}
+#     kv_pool_key.{i}      dtype [kv_heads, num_blocks, block_size, head_dim]   every sequence's keys, layer i
+#     kv_pool_value.{i}                                                         (head-major: network/paged_attention.py)
 #     ->
-#     present_pool_key.{i} dtype [num_blocks, kv_heads, block_size, head_dim]   the updated pool (bind it over
+#     present_pool_key.{i} dtype [kv_heads, num_blocks, block_size, head_dim]   the updated pool (bind it over
 #     present_pool_value.{i}                                                    kv_pool_*: updated in place)
 #
 # Token t of sequence b sits at p = past_lengths[b] + t, is written to block block_table[b, p // B] at
@@ -139,6 +139,7 @@ class KVCacheLayout:
 KV_LAYOUTS = ("slots", "paged")
 BLOCK_TABLE = "block_table"
 NUM_BLOCKS = "num_blocks"
+POOL_BLOCK_AXIS = 1  # the pool's block axis (num_blocks, the dynamic one)
 MAX_BLOCKS = "max_blocks"
 META_KV_LAYOUT = "trtbuild.kv_layout"  # slots (absent) | paged
 META_KV_BLOCK_SIZE = "trtbuild.kv_block_size"
@@ -163,9 +164,10 @@ def present_pool_value(layer: int) -> str:
 @dataclass(frozen=True)
 class PagedKVLayout:
     """The block pool every layer's kv_pool_key/kv_pool_value (and present_pool_*) tensor holds:
-    [num_blocks, kv_heads, block_size, head_dim], num_blocks chosen at run time. Per head a block is one
-    contiguous [block_size, head_dim] tile, as a slot-layout row is [max_seq, head_dim], so the gathered
-    cache [batch, kv_heads, max_blocks * block_size, head_dim] feeds the same attention as the slot layout."""
+    [kv_heads, num_blocks, block_size, head_dim], num_blocks chosen at run time. Per head a block is one
+    contiguous [block_size, head_dim] tile, and head-major, so the gathered cache comes out as
+    [kv_heads, batch, max_blocks * block_size, head_dim], the order attention reads it in (no transpose copy:
+    network/paged_attention.py)."""
 
     num_layers: int
     kv_heads: int
@@ -184,8 +186,8 @@ class PagedKVLayout:
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_seq // self.block_size)
 
-    def pool_shape(self, num_blocks: int | str) -> tuple[int | str, int, int, int]:
-        return (num_blocks, self.kv_heads, self.block_size, self.head_dim)
+    def pool_shape(self, num_blocks: int | str) -> tuple[int, int | str, int, int]:
+        return (self.kv_heads, num_blocks, self.block_size, self.head_dim)
 
     def max_pool_blocks(self, max_batch: int) -> int:
         """The pool size the TensorRT profile allows: max_batch full sequences, 4x over for cached prefixes."""

@@ -12,6 +12,12 @@ Within a stage, tp ranks split each layer:
     embed, lm_head    vocab-parallel: rank r keeps vocab rows [r * V/tp, (r + 1) * V/tp); embedding rows
                       outside the shard give zeros (all-reduce), lm_head logits are all-gathered
     norms, q/k norms  replicated
+    MoE (mixtral, qwen2_moe, qwen3_moe)
+                      tensor-parallel inside every expert (TensorRT-LLM's "MoE TP"): rank r keeps its
+                      slice of each expert's gate/up rows and down columns, and of the shared expert's;
+                      the router (and qwen2_moe's shared-expert gate) is replicated, so every rank routes
+                      each token to the same experts and their partial sums all-reduce to the whole MLP.
+                      Not expert parallelism: no rank holds whole experts.
 KV heads split when tp divides them; when fewer than tp, each KV head is replicated on tp/kv_heads ranks
 (every rank then holds one KV head: the one its query heads read).
 
@@ -29,7 +35,7 @@ from engine_builder.formats.model_config import ModelConfig
 from engine_builder.util.errors import InputError, UnsupportedError
 
 # llama-family decoders: gated MLP, pre-norm residual, no o / MLP biases (qwen2's qkv bias splits by rows)
-PARALLEL_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PARALLEL_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 
 SegmentKind = Literal["embed", "attn", "mlp", "head"]
 
@@ -103,10 +109,14 @@ class ParallelMapping:
         return tp_rank * (cfg.vocab_size // self.tp)
 
     def local_model(self, cfg: ModelConfig) -> ModelConfig:
-        """The model config one tp rank's segments compute: its heads, KV heads, MLP slice and vocab shard."""
+        """The model config one tp rank's segments compute: its heads, KV heads, MLP slice (of every expert's,
+        and the shared expert's) and vocab shard."""
+        mlp = cfg.block.mlp
+        block = dataclasses.replace(cfg.block, mlp=dataclasses.replace(
+            mlp, shared_expert_size=mlp.shared_expert_size // self.tp))
         return dataclasses.replace(cfg, num_heads=cfg.num_heads // self.tp, num_kv_heads=self.kv_heads(cfg),
                                    intermediate_size=cfg.intermediate_size // self.tp,
-                                   vocab_size=cfg.vocab_size // self.tp)
+                                   vocab_size=cfg.vocab_size // self.tp, block=block)
 
     def rank_tensors(self, cfg: ModelConfig, rank: int, all_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple]:
         """Name -> shape of what rank{rank}.safetensors holds; ALL_SHAPES: checkpoint.expected_shapes of
@@ -136,15 +146,17 @@ class ParallelMapping:
             raise UnsupportedError(f"--tp/--pp shard llama-family decoders ({', '.join(PARALLEL_ARCHITECTURES)}) "
                                    f"only, not {cfg.architecture}; convert without --tp/--pp")
         spec = cfg.block
-        if spec.mlp.kind != "gated" or spec.mlp.bias or spec.attention.o_bias or spec.residual.layout != "sequential" \
-                or cfg.position_embedding != "rotary" or cfg.embedding_multiplier != 1.0 or cfg.final_logit_softcap:
-            raise UnsupportedError(f"this {cfg.architecture} config has a block --tp/--pp do not shard (MoE, MLP or "
+        if spec.mlp.kind not in ("gated", "moe") or spec.mlp.bias or spec.attention.o_bias \
+                or spec.residual.layout != "sequential" or cfg.position_embedding != "rotary" \
+                or cfg.embedding_multiplier != 1.0 or cfg.final_logit_softcap:
+            raise UnsupportedError(f"this {cfg.architecture} config has a block --tp/--pp do not shard (MLP or "
                                    "o_proj biases, parallel residual, learned positions or soft-capping); convert "
                                    "without --tp/--pp")
         tp_ok, pp_ok = valid_tp(cfg), valid_pp(cfg)
         if self.tp not in tp_ok:
+            shared = f", shared expert {cfg.block.mlp.shared_expert_size}" if cfg.block.mlp.shared_expert_size else ""
             raise InputError(f"--tp {self.tp} does not divide this {cfg.architecture} model ({cfg.num_heads} heads, "
-                             f"{cfg.num_kv_heads} KV heads, intermediate {cfg.intermediate_size}, vocab "
+                             f"{cfg.num_kv_heads} KV heads, intermediate {cfg.intermediate_size}{shared}, vocab "
                              f"{cfg.vocab_size}); valid --tp values: {', '.join(map(str, tp_ok))}")
         if self.pp not in pp_ok:
             raise InputError(f"--pp {self.pp} does not divide this model's {cfg.num_layers} layers; valid --pp "
@@ -154,7 +166,7 @@ class ParallelMapping:
 def _tp_divides(cfg: ModelConfig, tp: int) -> bool:
     kv = cfg.num_kv_heads
     return (cfg.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0) and cfg.intermediate_size % tp == 0
-            and cfg.vocab_size % tp == 0)
+            and cfg.vocab_size % tp == 0 and cfg.block.mlp.shared_expert_size % tp == 0)
 
 
 def valid_tp(cfg: ModelConfig) -> list[int]:

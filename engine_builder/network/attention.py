@@ -22,7 +22,7 @@ from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.linear import linear
 from engine_builder.network.masks import AttentionMasks
 from engine_builder.network.norms import checkpoint_norm
-from engine_builder.network.paged_attention import PagedMasks, paged_update
+from engine_builder.network.paged_attention import PagedMasks, head_major_scale, paged_attend, paged_update
 from engine_builder.network.rotary import RotaryTables, apply_rotary
 from engine_builder.network.weights import CheckpointWeights
 
@@ -64,9 +64,19 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
             low, high = (b.const(float(bound)) for bound in kv_quant.INT8_RANGE)
             k_scale, v_scale = w.stored(p + "k_cache_scale"), w.stored(p + "v_cache_scale")  # [1, kv_heads, 1, hd]
             k, v = kv_quant.quantize(b.op, k, k_scale, low, high), kv_quant.quantize(b.op, v, v_scale, low, high)
+        scale = spec.scale if spec.scale is not None else head_dim ** -0.5
         if isinstance(masks, PagedMasks):  # --kv-layout paged: pool + block table (network/paged_attention.py)
             present_key, cached_key = paged_update(b, past_key, k, masks, kv_heads, head_dim)
             present_value, cached_value = paged_update(b, past_value, v, masks, kv_heads, head_dim)
+            if w.quantization.kv_cache == "int8":
+                cached_key = kv_quant.dequantize(b.op, cached_key, head_major_scale(b, k_scale, kv_heads, head_dim))
+                cached_value = kv_quant.dequantize(b.op, cached_value,
+                                                   head_major_scale(b, v_scale, kv_heads, head_dim))
+            out = paged_attend(b, q, cached_key, cached_value, masks.sliding if sliding else masks.full,
+                               heads=heads, kv_heads=kv_heads, head_dim=head_dim, scale=scale,
+                               softcap=spec.logit_softcap)
+            out = linear(b, w, out, p + "o", w[p + "o.bias"] if spec.o_bias else None)  # [batch, seq, hidden]
+            return AttentionOutputs(out, present_key, present_value)
         else:
             present_key = b.op("ScatterND", past_key, masks.write_indices, k)  # [batch, kv_heads, max_seq, head_dim]
             present_value = b.op("ScatterND", past_value, masks.write_indices, v)
@@ -77,7 +87,6 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
         keys = _repeat_kv(b, cached_key, heads, kv_heads, head_dim)  # [batch, heads, max_seq, head_dim]
         values = _repeat_kv(b, cached_value, heads, kv_heads, head_dim)
 
-        scale = spec.scale if spec.scale is not None else head_dim ** -0.5
         scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))  # [batch, heads, seq, max_seq]
         scores = b.op("Mul", scores, b.const(scale))
         if spec.logit_softcap:  # gemma2: cap * tanh(scores / cap), before the mask

@@ -48,13 +48,14 @@ async def _run(config: RouterConfig, sock: socket.socket, on_ready: Callable[[st
     # no pool limit: the replicas' own --max-concurrent-requests is the limit (429 passed on); no proxies
     # from the environment: the backends are named by URL
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+    transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)  # the proxy's, shared with the checks
+    async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
         await pool.check_all(client, config.health_timeout)
         for b in pool.backends:
             if not b.healthy:
                 log(f"backend {b.url} is not answering yet ({b.reason}); it is put in once healthy")
         checks = asyncio.create_task(pool.health_loop(client, config.health_interval, config.health_timeout))
-        app = create_app(pool, policy, metrics, client)
+        app = create_app(pool, policy, metrics, transport, timeout)
         # lifespan off: nothing to start; access log off: a line per request costs more than /metrics tells
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S))

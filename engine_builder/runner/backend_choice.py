@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_builder.runner import ort_backend, ort_paged, trt_backend  # noqa: F401  (each registers its backend)
+from engine_builder.runner import ort_backend, ort_paged, trt_backend, trt_paged  # noqa: F401  (each registers its backend)
 from engine_builder.runner.backend import Backend, registered_backends
 from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError

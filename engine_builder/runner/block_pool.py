@@ -1,6 +1,6 @@
 """Storage of the paged KV cache: per layer one numpy pool of fixed-size blocks, and a reference count per block.
 
-    keys[i], values[i]   [num_blocks, kv_heads, block_size, head_dim]   the graph's kv_pool_key.{i} / kv_pool_value.{i}
+    keys[i], values[i]   [kv_heads, num_blocks, block_size, head_dim]   the graph's kv_pool_key.{i} / kv_pool_value.{i}
                                                                          (formats/graph_io.py PagedKVLayout)
 
 Block 0 is the scratch block: never handed out, always referenced. Block-table entries past a sequence's
@@ -14,7 +14,7 @@ cache (`convert --kv-cache int8`) stores int8 here; its per-channel scales are c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -48,7 +48,9 @@ def numpy_kv_dtype(dtype: str) -> np.dtype:
 
 
 class BlockPool:
-    def __init__(self, layout: PagedKVLayout, num_blocks: int) -> None:
+    def __init__(self, layout: PagedKVLayout, num_blocks: int, host_buffers: bool = True) -> None:
+        """host_buffers=False: the bookkeeping only, for a backend whose pool lives on a GPU (runner/trt_paged.py):
+        keys/values are then empty and copy() calls copy_blocks, which that backend sets."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise InputError(f"a KV block pool needs at least 2 blocks (one is scratch), got {num_blocks!r}; "
                              "raise kv_cache_memory")
@@ -57,15 +59,17 @@ class BlockPool:
         shape = layout.pool_shape(num_blocks)
         # np.zeros maps zero pages lazily: blocks never written cost no RAM; zeros are finite, as the
         # graph's masked reads of unused blocks need
-        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(layout.num_layers))
-        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(layout.num_layers))
+        layers = layout.num_layers if host_buffers else 0
+        self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(layers))
+        self.values = tuple(np.zeros(shape, self.dtype) for _ in range(layers))
+        self.copy_blocks: Callable[[Sequence[int], Sequence[int]], None] | None = None
         self.refcount = np.zeros(num_blocks, np.int64)
         self.refcount[SCRATCH_BLOCK] = 1
         self._free = list(range(num_blocks - 1, 0, -1))  # a stack: the lowest id comes out first
 
     @classmethod
     def for_budget(cls, layout: PagedKVLayout, kv_cache_memory: int | None = None,
-                   min_blocks: int = 2, max_blocks: int | None = None) -> BlockPool:
+                   min_blocks: int = 2, max_blocks: int | None = None, host_buffers: bool = True) -> BlockPool:
         """As many blocks as kv_cache_memory bytes hold (default: a quarter of the available RAM, up to
         max_blocks), at least min_blocks."""
         if kv_cache_memory is None:
@@ -79,11 +83,11 @@ class BlockPool:
             raise CapacityError(f"kv_cache_memory {kv_cache_memory} bytes holds {blocks} KV blocks of "
                                 f"{layout.bytes_per_block} bytes, fewer than the {min_blocks} needed; give at "
                                 f"least {min_blocks * layout.bytes_per_block} bytes")
-        return cls(layout, int(blocks))
+        return cls(layout, int(blocks), host_buffers)
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
+        return self.num_blocks * self.layout.bytes_per_block
 
     @property
     def num_free(self) -> int:
@@ -119,5 +123,8 @@ class BlockPool:
 
     def copy(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Block src[i]'s keys and values -> block dst[i], every layer."""
-        for pool in (*self.keys, *self.values):
-            pool[list(dst)] = pool[list(src)]
+        if self.copy_blocks is not None:
+            self.copy_blocks(src, dst)
+            return
+        for pool in (*self.keys, *self.values):  # head-major: blocks are axis 1 (io.POOL_BLOCK_AXIS)
+            pool[:, list(dst)] = pool[:, list(src)]

@@ -52,6 +52,8 @@ from engine_builder.util.errors import CapacityError, InputError
 class Generator:
     """Runs requests on one backend. One driver at a time (claim): the KV cache belongs to it."""
 
+    step_tokens = 1  # KV positions one decode step may write per request (speculative decoding: more)
+
     def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int] = (),
                  sampler: Sampler | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.backend = backend
@@ -163,9 +165,10 @@ class Generator:
 
     # --- the step functions -----------------------------------------------------------------
 
-    def admit(self, r: RequestState) -> None:
-        """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot)."""
-        r.slot = self.backend.kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens)
+    def admit(self, r: RequestState, initial_tokens: int | None = None) -> None:
+        """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot); a paged cache takes blocks
+        for all of them, or for initial_tokens only (the executor grows the rest as decoding proceeds)."""
+        r.slot = self.backend.kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens, initial_tokens)
 
     def prefill_remaining(self, r: RequestState) -> int:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""

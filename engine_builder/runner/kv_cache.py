@@ -144,8 +144,10 @@ class KVCacheManager(SlotTable):
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values))
 
-    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
-        """Reserve a slot for the whole request; returns its index (lowest free first)."""
+    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int,
+                 initial_tokens: int | None = None) -> int:
+        """Reserve a slot for the whole request; returns its index (lowest free first). initial_tokens (a paged
+        cache's optimistic start) changes nothing here: a slot's row is max_seq positions from the start."""
         slot, needed = self._admit(request_id, prompt_len, max_new_tokens)
         self._take(slot, request_id, needed)
         return slot

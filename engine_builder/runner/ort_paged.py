@@ -118,10 +118,13 @@ def _check_graph_pool(engine: EngineDir, inputs: dict[str, ort.NodeArg], layout:
     """model.onnx takes the pool its manifest describes (a dir mixed from two builds fails here, not mid-run)."""
     pools = [n for n in inputs if n.startswith("kv_pool_key.")]
     first = inputs.get(io.kv_pool_key(0))
-    want = list(layout.pool_shape(0)[1:])
+    def fixed(shape) -> list:  # every dim but the dynamic block axis
+        return [d for i, d in enumerate(shape) if i != io.POOL_BLOCK_AXIS]
+
+    want = fixed(layout.pool_shape(0))
     if (len(pools) != layout.num_layers or first is None or io.BLOCK_TABLE not in inputs
-            or list(first.shape[1:]) != want or _ORT_TYPES.get(first.type) != layout.dtype):
-        graph = f"{len(pools)} layers of {first.shape[1:]} {first.type}" if first is not None else "no kv_pool_key.0"
+            or fixed(first.shape) != want or _ORT_TYPES.get(first.type) != layout.dtype):
+        graph = f"{len(pools)} layers of {fixed(first.shape)} {first.type}" if first is not None else "no kv_pool_key.0"
         raise InputError(f"{engine.onnx_path} takes a KV pool of {graph}, but its manifest describes a paged "
                          f"pool of {layout.num_layers} layers of {want} {layout.dtype}; the engine dir mixes two "
                          f"builds: rebuild it with `trtbuild build <ckpt-dir> {engine.path} --force`")

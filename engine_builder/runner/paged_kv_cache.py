@@ -7,8 +7,13 @@ free keep KVCacheManager's meaning, so runner/generate.py and the executor drive
 reuse goes through PagedPrefixCache (PrefixCache's load/store), which maps cached blocks into a slot by
 reference instead of copying them.
 
-Admission reserves prompt + max_new_tokens positions of blocks (so a request never runs out half-way,
-as with slots); cached prefix blocks count once however many requests map them.
+By default admission takes blocks for prompt + max_new_tokens positions (so LLM.generate never runs out
+half-way, as with slots). The executor admits optimistically instead (vLLM's way, executor/kv_growth.py):
+allocate(..., initial_tokens=n) takes blocks for the first n positions only, and grow() adds blocks as
+decoding proceeds, before the step that writes them; when the pool (after evicting unreferenced cached
+prefixes) has none left, the scheduler preempts a running request to free its blocks. A write past a
+slot's blocks grows it in prepare_write, or fails loudly (CapacityError): never lands in the scratch
+block. Cached prefix blocks count once however many requests map them.
 """
 
 from __future__ import annotations
@@ -36,27 +41,31 @@ class PagedKVCacheManager(SlotTable):
         SlotTable.__init__(self, batch_slots, layout.max_seq)
         self.num_layers = layout.num_layers
         self.block_size, self.dtype = layout.block_size, pool.dtype
-        self.keys, self.values = pool.keys, pool.values  # [num_blocks, kv_heads, block_size, head_dim] per layer
+        self.keys, self.values = pool.keys, pool.values  # [kv_heads, num_blocks, block_size, head_dim] per layer
         # [slots, max_blocks_per_seq]: pool block of each logical block; SCRATCH_BLOCK where none
         self.block_table = np.full((batch_slots, layout.max_blocks_per_seq), SCRATCH_BLOCK, np.int64)
 
     @classmethod
     def for_layout(cls, layout: PagedKVLayout, batch_slots: int, kv_cache_memory: int | None = None,
-                   prefix_cache: bool = True) -> PagedKVCacheManager:
+                   prefix_cache: bool = True, host_buffers: bool = True) -> PagedKVCacheManager:
         """A pool of kv_cache_memory bytes (default: a fraction of the available RAM) holding at least one
-        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks)."""
+        full sequence, and at most the blocks the engine's TensorRT profile allows (max_pool_blocks).
+        host_buffers=False: bookkeeping only, the backend keeps the pool on its device (trt_paged.py)."""
         pool = BlockPool.for_budget(layout, kv_cache_memory, min_blocks=layout.max_blocks_per_seq + 1,
-                                    max_blocks=layout.max_pool_blocks(batch_slots))
+                                    max_blocks=layout.max_pool_blocks(batch_slots), host_buffers=host_buffers)
         return cls(layout, batch_slots, pool, prefix_cache)
 
     @property
     def nbytes(self) -> int:
         return self.pool.nbytes
 
-    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int) -> int:
-        """Reserve a slot and blocks for prompt + max_new_tokens positions; the slot (lowest free first)."""
+    def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int,
+                 initial_tokens: int | None = None) -> int:
+        """Reserve a slot for prompt + max_new_tokens positions, with blocks for all of them or, given
+        initial_tokens, for that many (grow() adds the rest as needed); the slot (lowest free first)."""
         slot, needed = self._admit(request_id, prompt_len, max_new_tokens)
-        self.blocks.allocate(slot, needed)  # CapacityError when the pool is short even after eviction
+        first = needed if initial_tokens is None else min(needed, max(1, initial_tokens))
+        self.blocks.allocate(slot, first)  # CapacityError when the pool is short even after eviction
         self._take(slot, request_id, needed)
         self._sync(slot)
         return slot
@@ -79,15 +88,35 @@ class PagedKVCacheManager(SlotTable):
         self.blocks.truncate(slot, length)
         self.lengths[slot] = length
 
+    def blocks_to_grow(self, slot: int, n_tokens: int) -> int:
+        """Blocks grow(slot, n_tokens) would take from the pool."""
+        n_tokens = min(n_tokens, int(self._reserved[slot]))
+        return max(0, self.blocks.blocks_for(n_tokens) - len(self.blocks.blocks(slot)))
+
+    def available_blocks(self) -> int:
+        """Blocks a growth or an allocation could take now: free ones and unreferenced cached prefixes."""
+        return self.blocks.available()
+
+    def grow(self, slot: int, n_tokens: int) -> None:
+        """Blocks for SLOT's first n_tokens positions (at most its reservation); CapacityError when the pool
+        is short even after evicting cached prefixes nobody maps."""
+        self._check_slot(slot)
+        if self.blocks.reserve(slot, min(n_tokens, int(self._reserved[slot]))):
+            self._sync(slot)
+
     def prepare_write(self, first: int, rows: int, seq: int) -> None:
-        """Before a step writing seq positions at each busy slot's length in [first, first + rows): copy
-        shared blocks among them (copy-on-write), so a cached or forked block is never overwritten."""
+        """Before a step writing seq positions at each busy slot's length in [first, first + rows): blocks
+        for them (grow), and private copies of shared ones (copy-on-write), so a cached or forked block is
+        never overwritten."""
         for slot in range(first, first + rows):
             if self._owner[slot] is None:
                 continue  # idle row: its table is all scratch
             start = int(self.lengths[slot])
             end = min(start + seq, int(self._reserved[slot]))
-            if end > start and self.blocks.make_writable(slot, start, end):
+            if end <= start:
+                continue
+            grown = self.blocks.reserve(slot, end)
+            if self.blocks.make_writable(slot, start, end) or grown:
                 self._sync(slot)
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
@@ -111,9 +140,10 @@ class PagedKVCacheManager(SlotTable):
         cached = self.blocks.match_prefix(tokens)
         if not cached:
             return 0
-        # the fresh blocks admission reserved for those positions go back: the cached ones replace them
+        # the fresh blocks admission took for those positions go back: the cached ones replace them
+        room = self.blocks.capacity(slot)
         self.blocks.free(slot)
-        self.blocks.allocate(slot, int(self._reserved[slot]), prefix=cached)
+        self.blocks.allocate(slot, room, prefix=cached)
         filled = len(cached) * self.block_size
         self.lengths[slot] = filled
         self._sync(slot)

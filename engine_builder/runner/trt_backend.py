@@ -120,15 +120,16 @@ class TrtBackend(Backend):
         """compatibility_verdict for the engine dir's rank0.engine, or why there is none."""
         if not engine.tensorrt or "tensorrt" not in engine.targets:
             return False, "the engine dir was built without the tensorrt target"
-        if engine.kv_layout_kind == "paged":  # the TensorRT runtime adapter binds slot caches only (so far)
-            return False, "the engine dir's KV layout is paged, which the TensorRT runtime adapter does not bind yet"
         from engine_builder.trt.compatibility import compatibility_verdict
 
         return compatibility_verdict(engine.tensorrt, engine_path=engine.engine_path)
 
+    # another KV layout's subclass, by EngineDir.kv_layout_kind (paged: runner/trt_paged.py registers itself)
+    layout_backends: dict[str, type[TrtBackend]] = {}
+
     @classmethod
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> TrtBackend:
-        return cls(engine)
+        return cls.layout_backends.get(engine.kv_layout_kind, cls)(engine)
 
     def __init__(self, engine: EngineDir, *, verdict: tuple[bool, str] | None = None) -> None:
         ok, reason = self.usable(engine) if verdict is None else verdict
@@ -149,9 +150,6 @@ class TrtBackend(Backend):
                                    "rebuild the engine for this GPU and TensorRT version")
         e, lim = self.trt_engine, engine.limits
         names = [e.get_tensor_name(i) for i in range(e.num_io_tensors)]
-        num_layers = sum(n.startswith("past_key.") for n in names)
-        kv_shape = tuple(int(d) for d in e.get_tensor_shape(io.past_key(0)))[1:]  # [kv_heads, max_seq, head_dim]
-        self._num_layers, self._kv_shape = num_layers, kv_shape
         self.vocab_size = int(e.get_tensor_shape(io.LOGITS)[-1])
         self.profiles = [{n: tuple(tuple(int(d) for d in s) for s in e.get_tensor_profile_shape(n, p))
                           for n in names if e.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
@@ -162,16 +160,9 @@ class TrtBackend(Backend):
         self.logits_tail = min(io.logits_tail(meta), self.max_input_len)
         self.aliased = {n: a for n in names if e.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT
                         and (a := e.get_aliased_input_tensor(n))}
-        self.kv_update = "in_place" if all(io.present_key(i) in self.aliased for i in range(num_layers)) else "copy"
-        kv_dtype = getattr(torch, _TORCH_DTYPES[e.get_tensor_dtype(io.past_key(0)).name])
-        self.kv = KVCacheManager.for_layout(engine.kv_layout, lim.max_batch, host_buffers=False)
+        self._init_kv(engine, names, torch)
 
         cuda = torch.device("cuda")
-        shape = (lim.max_batch, *kv_shape)  # [slots, kv_heads, max_seq, head_dim]
-        self._cache = {n: torch.zeros(shape, dtype=kv_dtype, device=cuda)
-                       for i in range(num_layers) for n in (io.past_key(i), io.past_value(i))}
-        self._present = {} if self.kv_update == "in_place" else {
-            n.replace("past_", "present_"): torch.zeros_like(t) for n, t in self._cache.items()}
         width = max(lim.max_batch * self.max_input_len, lim.max_seq_len)
         self._ids = torch.zeros(width, dtype=torch.int64, device=cuda)
         self._pos = torch.zeros(width, dtype=torch.int64, device=cuda)
@@ -196,9 +187,25 @@ class TrtBackend(Backend):
                 raise UnsupportedError(f"TensorRT refused optimization profile {p} of {engine.engine_path}")
             self.contexts.append(context)
         self.stream.synchronize()
-        self._bound_key: list[tuple[int, int, int] | None] = [None] * len(self.contexts)
+        self._bound_key: list[tuple[int, ...] | None] = [None] * len(self.contexts)
         self._step: tuple[int, int, int, int] | None = None  # profile, first, rows, seq
         self.execute_seconds = 0.0
+
+    def _init_kv(self, engine: EngineDir, names: list[str], torch: Any) -> None:
+        """The slot layout's KV: one [max_batch, kv_heads, max_seq, head_dim] device tensor per layer and K/V
+        (a paged engine's block pools: trt_paged.py)."""
+        e, lim = self.trt_engine, engine.limits
+        num_layers = sum(n.startswith("past_key.") for n in names)
+        kv_shape = tuple(int(d) for d in e.get_tensor_shape(io.past_key(0)))[1:]  # [kv_heads, max_seq, head_dim]
+        self._num_layers, self._kv_shape = num_layers, kv_shape
+        self.kv_update = "in_place" if all(io.present_key(i) in self.aliased for i in range(num_layers)) else "copy"
+        kv_dtype = getattr(torch, _TORCH_DTYPES[e.get_tensor_dtype(io.past_key(0)).name])
+        self.kv = KVCacheManager.for_layout(engine.kv_layout, lim.max_batch, host_buffers=False)
+        shape = (lim.max_batch, *kv_shape)  # [slots, kv_heads, max_seq, head_dim]
+        self._cache = {n: torch.zeros(shape, dtype=kv_dtype, device="cuda")
+                       for i in range(num_layers) for n in (io.past_key(i), io.past_value(i))}
+        self._present = {} if self.kv_update == "in_place" else {
+            n.replace("past_", "present_"): torch.zeros_like(t) for n, t in self._cache.items()}
 
     def _address(self, name: str, first: int) -> int:
         if name in self._cache:
@@ -210,7 +217,8 @@ class TrtBackend(Backend):
             return self._lengths.data_ptr()
         return flat[name].data_ptr()
 
-    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
+    def _stage(self, first_slot: int, input_ids: np.ndarray) -> None:
+        """Copy the step's ids, positions and row lengths to the device (asynchronously, on our stream)."""
         rows, seq = input_ids.shape
         n = rows * seq
         ids = self._ids_host.numpy()
@@ -222,6 +230,10 @@ class TrtBackend(Backend):
             self._ids[:n].copy_(self._ids_host[:n], non_blocking=True)
             self._pos[:n].copy_(self._pos_host[:n], non_blocking=True)
             self._lengths[:rows].copy_(self._lengths_host[:rows], non_blocking=True)
+
+    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
+        rows, seq = input_ids.shape
+        self._stage(first_slot, input_ids)
         profile = select_profile(self.profiles, rows, seq)
         key = (first_slot, rows, seq)
         if self._bound_key[profile] != key:  # shapes and addresses only change with the step's layout

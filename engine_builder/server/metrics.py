@@ -85,8 +85,8 @@ def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
     """The scheduler's KV budget (executor/kv_budget.py) and what its policies did."""
     yield GaugeMetricFamily("trtbuild_kv_blocks_total", f"KV cache budget in blocks of {s.kv_block_tokens} tokens "
                             "(--kv-budget-tokens).", s.kv_blocks_total)
-    yield GaugeMetricFamily("trtbuild_kv_blocks_used", "KV blocks held by running requests (prompt + max_new_tokens "
-                            "each).", s.kv_blocks_used)
+    yield GaugeMetricFamily("trtbuild_kv_blocks_used", "KV blocks held by running requests (context so far + the "
+                            "next step's tokens each; they grow as they decode).", s.kv_blocks_used)
     yield GaugeMetricFamily("trtbuild_kv_blocks_free", "KV blocks free for new requests.",
                             s.kv_blocks_total - s.kv_blocks_used)
     yield GaugeMetricFamily("trtbuild_kv_tokens_used", "KV cache tokens held by running requests.",
@@ -94,7 +94,7 @@ def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
     yield GaugeMetricFamily("trtbuild_kv_tokens_free", "KV cache tokens free for new requests.",
                             (s.kv_blocks_total - s.kv_blocks_used) * s.kv_block_tokens)
     yield CounterMetricFamily("trtbuild_preemptions", "Running requests preempted (recomputed later) for more urgent "
-                              "ones.", s.preemptions)
+                              "ones or when KV blocks ran out.", s.preemptions)
     yield CounterMetricFamily("trtbuild_chunked_prefill_steps", "Prefill chunks that left part of a prompt for a later "
                               "step (--max-num-batched-tokens).", s.chunked_prefill_steps)
 

@@ -65,7 +65,7 @@ def test_paged_twin_matches_slots_and_hf(arch, model_dir, checkpoint_dir, tmp_pa
     assert greedy(paged, prompts, STEPS) == want
     # the steps really went through the pool: blocks were taken and all came back
     assert paged.kv.pool.num_free == paged.kv.pool.num_blocks - 1
-    assert np.abs(paged.kv.keys[0][1:]).sum() > 0
+    assert np.abs(paged.kv.keys[0][:, 1:]).sum() > 0  # head-major pool: blocks are axis 1
 
 
 def test_paged_int8_cache_matches_hf(model_dir, checkpoint_dir, tmp_path):
@@ -92,7 +92,7 @@ def test_tensorrt_rtx_builds_the_paged_graph(checkpoint_dir, tmp_path):
     # profiles: the pool up to max_pool_blocks, the table up to max_seq_len / block
     layout = EngineDir.load(out).twin_paged_layout
     for profile in result.tensorrt["profiles"]:
-        assert profile[io.kv_pool_key(0)][2][0] == layout.max_pool_blocks(LIMITS.max_batch)
+        assert profile[io.kv_pool_key(0)][2][io.POOL_BLOCK_AXIS] == layout.max_pool_blocks(LIMITS.max_batch)
         assert profile[io.BLOCK_TABLE][2] == [LIMITS.max_batch, LIMITS.max_seq_len // BLOCK]
     assert EngineDir.load(out).manifest.build.kv_layout == "paged"
 

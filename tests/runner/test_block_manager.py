@@ -31,14 +31,14 @@ def write(m: BlockManager, seq, tokens: list[int]) -> None:
     blocks = m.append(seq, len(tokens))
     for i, t in enumerate(tokens, start):
         for pool in (*m.pool.keys, *m.pool.values):
-            pool[blocks[i // B], :, i % B] = t
+            pool[:, blocks[i // B], i % B] = t  # head-major pool [kv_heads, num_blocks, B, head_dim]
 
 
 def read(m: BlockManager, seq) -> list[int]:
     blocks, n = m.blocks(seq), m.num_tokens(seq)
-    out = [int(m.pool.keys[0][blocks[i // B], 0, i % B, 0]) for i in range(n)]
+    out = [int(m.pool.keys[0][0, blocks[i // B], i % B, 0]) for i in range(n)]
     for pool in (*m.pool.keys, *m.pool.values):  # every layer agrees
-        assert [int(pool[blocks[i // B], 0, i % B, 1]) for i in range(n)] == out
+        assert [int(pool[0, blocks[i // B], i % B, 1]) for i in range(n)] == out
     return out
 
 
@@ -117,7 +117,7 @@ def test_lru_eviction_takes_unreferenced_leaves_oldest_first():
 
 def test_pool_budget():
     pool = BlockPool.for_budget(LAYOUT, 10 * LAYOUT.bytes_per_block + 5)
-    assert pool.num_blocks == 10 and pool.keys[0].shape == (10, 1, B, 2)
+    assert pool.num_blocks == 10 and pool.keys[0].shape == (1, 10, B, 2)
     with pytest.raises(CapacityError, match="kv_cache_memory"):
         BlockPool.for_budget(LAYOUT, LAYOUT.bytes_per_block, min_blocks=3)
 

