@@ -35,7 +35,8 @@ class StepCosts:
 
     t1: float | None = None  # a plain one-token decode step, sampling included
     slope: float | None = None  # extra seconds per token in a verify step
-    draft_token: float = 0.0  # proposer seconds per drafted token
+    draft_token: float = 0.0  # proposer seconds per drafted token (after the first, when draft_first is known)
+    draft_first: float | None = None  # a draft model's first token of a proposal: its catch-up step (draft.py)
     # verify widths (and 0: a proposal) seen once. The first step of a new width is not what the next ones cost:
     # the backend makes its binding and onnxruntime plans memory for the new shape (measured: a first width-3
     # step of 109 ms, then ~45 ms, beside t1 40 ms), and with EMA weights one such sample kept an adaptive
@@ -53,6 +54,18 @@ class StepCosts:
             return
         slope = max(0.0, (seconds - self.t1) / (tokens - 1))
         self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
+
+    def observe_catchup(self, seconds: float) -> None:
+        if -1 not in self.warm:
+            self.warm.add(-1)
+            return
+        self.draft_first = seconds if self.draft_first is None else (1 - EMA) * self.draft_first + EMA * seconds
+
+    def drafting(self, k: int) -> float:
+        """Seconds to propose k tokens."""
+        if self.draft_first is None:
+            return k * self.draft_token
+        return self.draft_first + (k - 1) * self.draft_token
 
     def observe_proposal(self, drafted: int, seconds: float) -> None:
         if drafted and 0 not in self.warm:
@@ -101,7 +114,7 @@ class DraftLength:
         best_k, best_rate = 0, 1.0 / max(costs.t1, 1e-9)
         for k in range(1, cap + 1):
             tokens = (1 - alpha ** (k + 1)) / (1 - alpha)
-            rate = tokens / max(costs.verify(k + 1) + k * costs.draft_token, 1e-9)
+            rate = tokens / max(costs.verify(k + 1) + costs.drafting(k), 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k == 0 and self.plain_run >= PROBE_EVERY:

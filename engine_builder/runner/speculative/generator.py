@@ -60,6 +60,10 @@ class SpeculativeGenerator(Generator):
         self.costs = StepCosts()
         self.stats = SpeculativeStats(proposer.name)
         self._lengths: dict[int, DraftLength] = {}  # id(request) -> its draft length controller
+        # the acceptance counts of the last finished request: a new request starts from them, not from alpha 0.5
+        # (acceptance is mostly the proposer's and the model's; from 0.5 a gguf draft at 100 % acceptance spent
+        # a whole second story on plain steps and sparse probes)
+        self._prior: tuple[dict[int, float], dict[int, float]] = ({}, {})
         self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
 
     def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]):
@@ -69,13 +73,17 @@ class SpeculativeGenerator(Generator):
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
         costs = self._costs.get(len(active))
         if costs is None:  # a new batch size: its steps are measured afresh; the proposer's cost carries over
-            costs = self._costs[len(active)] = StepCosts(draft_token=self.costs.draft_token)
+            costs = self._costs[len(active)] = StepCosts(draft_token=self.costs.draft_token,
+                                                         draft_first=self.costs.draft_first)
         self.costs = costs
         plain: dict[int, RequestState] = {}
         drafted: dict[int, tuple[RequestState, DraftLength, Proposal]] = {}
         for slot in sorted(active):
             r = active[slot]
-            control = self._lengths.setdefault(id(r), DraftLength(self.cap, self.config.adaptive))
+            control = self._lengths.get(id(r))
+            if control is None:
+                control = self._lengths[id(r)] = DraftLength(self.cap, self.config.adaptive, dict(self._prior[0]),
+                                                             dict(self._prior[1]))
             proposal = self._propose(r, control)
             if not proposal.tokens:
                 control.observe(0, 0)
@@ -156,10 +164,14 @@ class SpeculativeGenerator(Generator):
             return NO_PROPOSAL
         started, before = time.perf_counter(), getattr(self.proposer, "seconds", None)
         timed_before = getattr(self.proposer, "timed_tokens", 0)
+        catchups_before = getattr(self.proposer, "catchups", 0)
+        catchup_before = getattr(self.proposer, "catchup_seconds", 0.0)
         proposal = self.proposer.propose(r, k)
         if before is None:
             self.costs.observe_proposal(len(proposal.tokens), time.perf_counter() - started)
         else:  # the proposer times its own steady drafting only (draft.py); an untimed proposal is no sample
+            if self.proposer.catchups > catchups_before:
+                self.costs.observe_catchup(self.proposer.catchup_seconds - catchup_before)
             self.costs.observe_proposal(self.proposer.timed_tokens - timed_before, self.proposer.seconds - before)
         return proposal
 
@@ -266,7 +278,9 @@ class SpeculativeGenerator(Generator):
 
     def release(self, r: RequestState) -> None:
         self.proposer.release(r)
-        self._lengths.pop(id(r), None)
+        control = self._lengths.pop(id(r), None)
+        if control is not None and control.accepted:
+            self._prior = (dict(control.accepted), dict(control.rejected))
         super().release(r)
 
     def close(self) -> None:
