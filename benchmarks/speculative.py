@@ -10,9 +10,12 @@ checked identical to the plain greedy tokens (the script fails otherwise).
   copy   a copy/edit task (the answer repeats the prompt's paragraph): plain, `--speculative ngram`, and
          HF transformers' `generate(prompt_lookup_num_tokens=10)` on the same weights (the GGUF dequantized
          to float32, as our checkpoint) and the same number of threads. Targets: ngram <= 0.5x plain,
-         HF prompt lookup >= 1.5x ngram's time.
+         HF prompt lookup >= 1.5x ngram's time. Measured twice: forced to --max-new-tokens (ignore_eos: the
+         answer, then made-up text after the model's end of turn), and "answer": until the end of turn.
   draft  free text (a story) with an int4 build of the same checkpoint (`convert --quant int4_wo`, or with
          --draft-quant gguf the GGUF's own Q4_1 blocks) drafting for the float32 target. Target: >= 1.5x.
+  costs  what bounds the draft target: one target step, a verify step of w tokens and one draft step (in
+         target steps), the draft's acceptance, and the best speed-up they allow (see step_costs).
   worst  a proposer whose drafts are never accepted (random token ids), adaptive draft length vs plain
          (target: <= 10 % slower), and a fixed 4 drafts per step for contrast.
 """
@@ -45,14 +48,15 @@ def build_engines(work: Path, draft_quant: str = "int4_wo") -> dict[str, Path]:
 
     limits = Limits(max_batch=1, max_input_len=512, max_seq_len=1024)
     out = {}
-    for name, quant in (("float32", "none"), ("int4", draft_quant)):
-        name = name if quant in ("none", "int4_wo") else f"int4-{quant}"
+    drafts = {"int4_wo": "int4", "gguf": "int4-gguf", "int8_wo": "int8"}  # engine dir names of earlier runs kept
+    for name, quant in (("float32", "none"), ("draft", draft_quant)):
+        name = drafts.get(quant, name)
         ckpt, engine = work / f"ckpt-{name}", work / f"engine-{name}"
         if not ckpt.exists():
             convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant == "int4_wo" else None)
         if not engine.exists():
             build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
-        out[name.split("-")[0]] = engine
+        out["float32" if quant == "none" else "draft"] = engine
     return out
 
 
@@ -71,10 +75,10 @@ def timed(fns: dict, runs: int) -> dict[str, tuple[float, object]]:
     return {name: (statistics.median(times[name]), results[name]) for name in fns}
 
 
-def ours(llm, ids: list[int], max_new_tokens: int):
+def ours(llm, ids: list[int], max_new_tokens: int, ignore_eos: bool = True):
     from engine_builder import SamplingParams
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=ignore_eos)
     return lambda: llm.generate(prompt_token_ids=[ids], params=params)[0]
 
 
@@ -95,24 +99,36 @@ def copy_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
                                                               dtype=torch.float32).eval()
     inputs = torch.tensor([ids])
 
-    def hf(**kw):
+    def hf(forced: bool = True, **kw):
         def run():
             with torch.no_grad():
                 return model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
-                                      max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                      max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens if forced else 0,
                                       pad_token_id=0, **kw)[0, len(ids):].tolist()
         return run
 
+    # forced: exactly max_new_tokens (ignore_eos): the model's answer, then whatever it makes up after its
+    # end-of-turn token; answer: until that token, i.e. the copy itself (the task a user runs)
     r = timed({"plain": ours(plain, ids, max_new_tokens), "ngram": ours(spec, ids, max_new_tokens),
                "hf_lookup": hf(prompt_lookup_num_tokens=10), "hf": hf()}, runs)
     (t_plain, want), (t_spec, got) = r["plain"], r["ngram"]
     assert got.token_ids == want.token_ids, "ngram speculation changed the greedy tokens"
     t_hf_lookup, hf_tokens = r["hf_lookup"]
-    return {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain, "ngram_s": t_spec,
-            "hf_prompt_lookup_s": t_hf_lookup, "hf_greedy_s": r["hf"][0], "ngram_vs_plain": t_spec / t_plain,
-            "hf_prompt_lookup_vs_ngram": t_hf_lookup / t_spec,
-            "hf_tokens_equal_ours": hf_tokens == list(want.token_ids),
-            "speculative": spec.generator.stats.to_json(), "text": want.text[:120]}
+    out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain, "ngram_s": t_spec,
+           "hf_prompt_lookup_s": t_hf_lookup, "hf_greedy_s": r["hf"][0], "ngram_vs_plain": t_spec / t_plain,
+           "hf_prompt_lookup_vs_ngram": t_hf_lookup / t_spec,
+           "hf_tokens_equal_ours": hf_tokens == list(want.token_ids),
+           "speculative": spec.generator.stats.to_json(), "text": want.text[:120]}
+    a = timed({"plain": ours(plain, ids, max_new_tokens, ignore_eos=False),
+               "ngram": ours(spec, ids, max_new_tokens, ignore_eos=False),
+               "hf_lookup": hf(False, prompt_lookup_num_tokens=10)}, runs)
+    (t_plain, want), (t_spec, got) = a["plain"], a["ngram"]
+    assert got.token_ids == want.token_ids, "ngram speculation changed the greedy tokens"
+    out["answer"] = {"new_tokens": len(want.token_ids), "plain_s": t_plain, "ngram_s": t_spec,
+                     "hf_prompt_lookup_s": a["hf_lookup"][0], "ngram_vs_plain": t_spec / t_plain,
+                     "hf_prompt_lookup_vs_ngram": a["hf_lookup"][0] / t_spec,
+                     "speculative": spec.generator.stats.to_json()}
+    return out
 
 
 def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
@@ -122,14 +138,14 @@ def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     plain = LLM(engines["float32"], threads=threads)
     ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
     specs = {label: LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
-        "draft", draft_engine=str(engines["int4"]), num_draft_tokens=k))
-        for label, k in (("adaptive", None), ("k4", 4))}
+        "draft", draft_engine=str(engines["draft"]), num_draft_tokens=k))
+        for label, k in (("adaptive", None), ("k4", 4), ("k11", 11))}
     r = timed({"plain": ours(plain, ids, max_new_tokens),
-               "int4_alone": ours(LLM(engines["int4"], threads=threads), ids, max_new_tokens),
+               "draft_alone": ours(LLM(engines["draft"], threads=threads), ids, max_new_tokens),
                **{label: ours(llm, ids, max_new_tokens) for label, llm in specs.items()}}, runs)
     t_plain, want = r["plain"]
     out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain,
-           "int4_alone_s": r["int4_alone"][0]}
+           "draft_alone_s": r["draft_alone"][0]}
     for label, llm in specs.items():
         t_spec, got = r[label]
         assert got.token_ids == want.token_ids, "draft speculation changed the greedy tokens"
@@ -138,6 +154,56 @@ def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
         out[f"speculative_{label}"] = llm.generator.stats.to_json()
     out["text"] = want.text[:120]
     return out
+
+
+def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
+    """What bounds the draft speed-up: the seconds of one target step (t1), of a target verify step of w
+    tokens, and of one draft step, measured interleaved at the story's context length; the draft's
+    acceptance on the story (k=4); and the best decode speed-up those allow, max over k of
+    E[tokens | alpha, k] / (k * draft + verify(k + 1)) in plain steps, with E = (1 - alpha^(k+1)) / (1 - alpha)
+    (the geometric model; drafting and verifying share the machine's cores, so they cannot overlap)."""
+    import numpy as np
+
+    from engine_builder import LLM
+    from engine_builder.runner.speculative import SpeculativeConfig
+
+    target, draft = LLM(engines["float32"], threads=threads), LLM(engines["draft"], threads=threads)
+    ids = target.encode_chat([{"role": "user", "content": STORY_TASK}])
+    slots = {}
+    for name, llm in (("target", target), ("draft", draft)):
+        slots[name] = slot = llm.backend.kv.allocate(0, len(ids), max_new_tokens + 16)
+        llm.backend.step(slot, np.asarray([ids], np.int64))
+        llm.backend.kv.advance(slot, len(ids))
+    shapes = [("target", w) for w in (1, 2, 3, 5, 8, 12, 16)] + [("draft", 1)]
+    times: dict[tuple[str, int], list[float]] = {shape: [] for shape in shapes}
+    for _ in range(max(5, 4 * runs)):
+        for name, w in shapes:
+            backend = (target if name == "target" else draft).backend
+            backend.bind(slots[name], np.full((1, w), 500, np.int64))  # written past the length: never kept
+            started = time.perf_counter()
+            backend.execute()
+            times[name, w].append(time.perf_counter() - started)
+    med = {shape: statistics.median(t) for shape, t in times.items()}
+    t1 = med["target", 1]
+    verify = {w: med["target", w] / t1 for (name, w) in shapes if name == "target"}
+    c = med["draft", 1] / t1
+    spec = LLM(engines["float32"], threads=threads,
+               speculative=SpeculativeConfig("draft", draft_engine=str(engines["draft"]), num_draft_tokens=4))
+    ours(spec, ids, max_new_tokens)()
+    alpha = spec.generator.stats.to_json()["acceptance_rate"]
+
+    def best(a: float) -> tuple[int, float]:
+        rates = {k: (k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)) / (k * c + verify[k + 1])
+                 for k in (1, 2, 4, 7, 11, 15) if k + 1 in verify}
+        k = max(rates, key=rates.get)
+        return k, rates[k]
+
+    k, speedup = best(alpha)
+    return {"t1_ms": round(t1 * 1e3, 1), "verify_in_t1": {w: round(v, 2) for w, v in verify.items()},
+            "draft_step_in_t1": round(c, 3), "draft_acceptance_k4": alpha, "best_k": k,
+            "best_decode_speedup": round(speedup, 2), "best_speedup_if_every_draft_accepted": round(best(1.0)[1], 2),
+            "draft_step_in_t1_needed_for_1.5x_at_full_acceptance": round(
+                max(((k + 1) / 1.5 - verify[k + 1]) / k for k in (4, 7, 11, 15)), 3)}
 
 
 class NeverAccepted:
@@ -195,9 +261,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtbuild-bench-speculative"))
     parser.add_argument("--parts", default="copy,draft,worst")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime and torch threads (default: cores)")
-    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf"),
-                        help="the draft's int4: int4_wo (re-quantized, RTN) or gguf (the GGUF's own Q4_1 blocks: "
-                             "the float32 target's exact weights, in int4)")
+    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf", "int8_wo"),
+                        help="the draft's quantization: int4_wo (re-quantized, RTN, group 64), gguf (the GGUF's own "
+                             "Q4_1 blocks: the float32 target's exact weights, in int4; onnxruntime computes them "
+                             "with float activations) or int8_wo (per channel, int8 activations)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from engine_builder.util.cpu_cores import physical_cores
@@ -205,7 +272,7 @@ def main() -> None:
     threads = args.threads or physical_cores()
     args.work.mkdir(parents=True, exist_ok=True)
     engines = build_engines(args.work, args.draft_quant)
-    parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case}
+    parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case, "costs": step_costs}
     results = {"threads": threads, "runs": args.runs, "max_new_tokens": args.max_new_tokens}
     for name in args.parts.split(","):
         results[name] = parts[name](engines, args.runs, args.max_new_tokens, threads)

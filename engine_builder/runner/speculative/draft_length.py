@@ -8,6 +8,13 @@ drafted token. k is the value in 0..cap with the most tokens per second; 0 means
 When drafts keep failing, k drops to 0 and only a short probe every PROBE_EVERY plain steps checks
 whether the text became predictable again, so the worst case stays close to plain decoding. A plain
 step every REMEASURE_EVERY steps keeps t1 current.
+
+A proposal that says how long its source matched (ngram: the suffix match length, Proposal.match) is
+judged by the acceptance rate of proposals with that match length (capped at MATCH_BUCKETS): measured
+on copy tasks and free text, a 2-token match is mostly wrong and an 8-token one mostly right, so one
+rate for both drafts too long after a divergence and too short in the middle of a copy. Such a
+proposal also drafts at most MATCH_REACH tokens per matched token (k <= 2 * match): a long draft
+needs a long match behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ DECAY = 0.85  # weight of the past in alpha's counts: about the last 7 verify st
 PROBE_EVERY = 16
 REMEASURE_EVERY = 64
 EMA = 0.2
+MATCH_BUCKETS = 4  # match lengths 1, 2, 3 and 4+ keep separate acceptance rates (0: proposals without one)
+MATCH_REACH = 2
 
 
 @dataclass
@@ -26,7 +35,13 @@ class StepCosts:
 
     t1: float | None = None  # a plain one-token decode step, sampling included
     slope: float | None = None  # extra seconds per token in a verify step
-    draft_token: float = 0.0  # proposer seconds per drafted token
+    draft_token: float = 0.0  # proposer seconds per drafted token (after the first, when draft_first is known)
+    draft_first: float | None = None  # a draft model's first token of a proposal: its catch-up step (draft.py)
+    # verify widths (and 0: a proposal) seen once. The first step of a new width is not what the next ones cost:
+    # the backend makes its binding and onnxruntime plans memory for the new shape (measured: a first width-3
+    # step of 109 ms, then ~45 ms, beside t1 40 ms), and with EMA weights one such sample kept an adaptive
+    # draft run in plain steps for most of a story at 100 % acceptance
+    warm: set[int] = field(default_factory=set)
 
     def observe_plain(self, seconds: float) -> None:
         self.t1 = seconds if self.t1 is None else (1 - EMA) * self.t1 + EMA * seconds
@@ -34,10 +49,28 @@ class StepCosts:
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if self.t1 is None or tokens < 2:
             return
+        if tokens not in self.warm:
+            self.warm.add(tokens)
+            return
         slope = max(0.0, (seconds - self.t1) / (tokens - 1))
         self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
 
+    def observe_catchup(self, seconds: float) -> None:
+        if -1 not in self.warm:
+            self.warm.add(-1)
+            return
+        self.draft_first = seconds if self.draft_first is None else (1 - EMA) * self.draft_first + EMA * seconds
+
+    def drafting(self, k: int) -> float:
+        """Seconds to propose k tokens."""
+        if self.draft_first is None:
+            return k * self.draft_token
+        return self.draft_first + (k - 1) * self.draft_token
+
     def observe_proposal(self, drafted: int, seconds: float) -> None:
+        if drafted and 0 not in self.warm:
+            self.warm.add(0)
+            return
         if drafted:
             per = seconds / drafted
             self.draft_token = per if self.draft_token == 0.0 else (1 - EMA) * self.draft_token + EMA * per
@@ -54,17 +87,20 @@ class DraftLength:
 
     cap: int
     adaptive: bool
-    accepted: float = 1.0  # a weak prior: alpha 0.5 before any verify step
-    rejected: float = 1.0
+    # decayed counts of accepted and rejected drafts per match bucket; a weak prior: alpha 0.5 at first
+    accepted: dict[int, float] = field(default_factory=dict)
+    rejected: dict[int, float] = field(default_factory=dict)
     plain_run: int = 0  # plain steps chosen in a row
     since_plain: int = field(default=0)
 
-    @property
-    def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+    def alpha(self, match: int = 0) -> float:
+        bucket = min(match, MATCH_BUCKETS)
+        accepted, rejected = self.accepted.get(bucket, 1.0), self.rejected.get(bucket, 1.0)
+        return accepted / (accepted + rejected)
 
-    def choose(self, costs: StepCosts, limit: int) -> int:
-        """Draft tokens for the next step (0 = plain decode), at most min(cap, limit)."""
+    def choose(self, costs: StepCosts, limit: int, match: int = 0) -> int:
+        """Draft tokens for the next step (0 = plain decode), at most min(cap, limit); match: the length the
+        proposal's source matched (0: not known, or the proposal comes after this choice)."""
         cap = min(self.cap, limit)
         if cap < 1:
             return 0
@@ -72,24 +108,28 @@ class DraftLength:
             return cap
         if costs.t1 is None or self.since_plain >= REMEASURE_EVERY:
             return 0  # measure a plain step first
-        alpha = min(self.alpha, 0.999)
+        if match:
+            cap = min(cap, MATCH_REACH * match)
+        alpha = min(self.alpha(match), 0.999)
         best_k, best_rate = 0, 1.0 / max(costs.t1, 1e-9)
         for k in range(1, cap + 1):
             tokens = (1 - alpha ** (k + 1)) / (1 - alpha)
-            rate = tokens / max(costs.verify(k + 1) + k * costs.draft_token, 1e-9)
+            rate = tokens / max(costs.verify(k + 1) + costs.drafting(k), 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k == 0 and self.plain_run >= PROBE_EVERY:
             return min(2, cap)  # a cheap probe: has the text become predictable again?
         return best_k
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """After a verify step of `drafted` tokens of which the first `accepted` survived (0 drafted: plain)."""
+    def observe(self, drafted: int, accepted: int, match: int = 0) -> None:
+        """After a verify step of `drafted` tokens of which the first `accepted` survived (0 drafted: plain),
+        proposed from a source that matched `match` tokens."""
         if drafted == 0:
             self.plain_run += 1
             self.since_plain = 0
             return
         self.plain_run = 0
         self.since_plain += 1
-        self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
+        bucket = min(match, MATCH_BUCKETS)
+        self.accepted[bucket] = DECAY * self.accepted.get(bucket, 1.0) + accepted
+        self.rejected[bucket] = DECAY * self.rejected.get(bucket, 1.0) + (1 if accepted < drafted else 0)

@@ -54,9 +54,16 @@ class SpeculativeGenerator(Generator):
         # k drafts + the last token must fit one step's logits and one multi-token step
         self.cap = max(0, min(config.draft_cap, backend.logits_tail - 1, backend.max_input_len - 1))
         self.step_tokens = self.cap + 1  # a verify step writes the last token and up to cap drafts
+        # measured step costs per number of requests decoding together: at batch 4 a plain step and a verify
+        # step of w tokens a row cost other multiples of batch 1's, and the draft length weighs those
+        self._costs: dict[int, StepCosts] = {}
         self.costs = StepCosts()
         self.stats = SpeculativeStats(proposer.name)
         self._lengths: dict[int, DraftLength] = {}  # id(request) -> its draft length controller
+        # the acceptance counts of the last finished request: a new request starts from them, not from alpha 0.5
+        # (acceptance is mostly the proposer's and the model's; from 0.5 a gguf draft at 100 % acceptance spent
+        # a whole second story on plain steps and sparse probes)
+        self._prior: tuple[dict[int, float], dict[int, float]] = ({}, {})
         self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
 
     def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]):
@@ -64,28 +71,43 @@ class SpeculativeGenerator(Generator):
         return super().start(prompts, params)
 
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
+        costs = self._costs.get(len(active))
+        if costs is None:  # a new batch size: its steps are measured afresh; the proposer's cost carries over
+            costs = self._costs[len(active)] = StepCosts(draft_token=self.costs.draft_token,
+                                                         draft_first=self.costs.draft_first)
+        self.costs = costs
         plain: dict[int, RequestState] = {}
         drafted: dict[int, tuple[RequestState, DraftLength, Proposal]] = {}
         for slot in sorted(active):
             r = active[slot]
-            control = self._lengths.setdefault(id(r), DraftLength(self.cap, self.config.adaptive))
-            k = control.choose(self.costs, self._room(r))
-            proposal = NO_PROPOSAL
-            if k:
-                started, before = time.perf_counter(), getattr(self.proposer, "seconds", None)
-                proposal = self.proposer.propose(r, k)
-                spent = time.perf_counter() - started if before is None else self.proposer.seconds - before
-                self.costs.observe_proposal(len(proposal.tokens), spent)
+            control = self._lengths.get(id(r))
+            if control is None:
+                control = self._lengths[id(r)] = DraftLength(self.cap, self.config.adaptive, dict(self._prior[0]),
+                                                             dict(self._prior[1]))
+            proposal = self._propose(r, control)
             if not proposal.tokens:
                 control.observe(0, 0)
                 plain[slot] = r
                 continue
             drafted[slot] = (r, control, proposal)
+        riders = {slot: (r, self._lengths[id(r)], NO_PROPOSAL) for slot, r in plain.items() if r.params.greedy}
+        if drafted and riders and self._fits_together({**drafted, **riders}):
+            # greedy requests without drafts take their token from the verify step's first position rather than
+            # from a second, plain engine call (sampled ones keep theirs: the plain step's draws are their own)
+            drafted = dict(sorted({**drafted, **riders}.items()))
+            for slot in riders:
+                del plain[slot]
+        if len(drafted) > 1 and self.config.adaptive and all(r.params.greedy for r, _, _ in drafted.values()):
+            drafted = self._common_width(drafted)
+            if not any(p.tokens for _, _, p in drafted.values()):  # a plain step is the better deal
+                plain.update((slot, r) for slot, (r, _, _) in drafted.items())
+                plain = dict(sorted(plain.items()))
+                drafted = {}
         if len(drafted) > 1 and self._fits_together(drafted):
             self._verify_batch(drafted, events, clock)
         else:
             for r, control, proposal in drafted.values():
-                control.observe(len(proposal.tokens), self._verify(r, proposal, events, clock))
+                control.observe(len(proposal.tokens), self._verify(r, proposal, events, clock), proposal.match)
         for slot, (r, _, _) in drafted.items():
             if r.slot is None:
                 del active[slot]
@@ -102,6 +124,56 @@ class SpeculativeGenerator(Generator):
             for slot in running:
                 if slot not in plain:  # finished in that step
                     del active[slot]
+
+    def _common_width(self, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]]
+                      ) -> dict[int, tuple[RequestState, DraftLength, Proposal]]:
+        """Every row of a batched verify step pays for the longest row's width: the width W with the most
+        expected tokens per second over all rows (each row's drafts cut to W - 1, its own acceptance rate),
+        measured costs of this batch size. At batch 4 on a 2-core CPU a step is compute-bound: a width-8
+        verify step costs about four plain ones, so one row's long copy must not make the others pay for it."""
+        widths = sorted({len(p.tokens) + 1 for _, _, p in drafted.values()} | {1})
+        best_w, best_rate = widths[-1], -1.0
+        for w in widths:
+            tokens = 0.0
+            for _, control, p in drafted.values():
+                k = min(len(p.tokens), w - 1)
+                alpha = min(control.alpha(p.match), 0.999)
+                tokens += (1 - alpha ** (k + 1)) / (1 - alpha)
+            rate = tokens / max(self.costs.verify(w) if w > 1 else (self.costs.t1 or 0.0), 1e-9)
+            if rate > best_rate:
+                best_w, best_rate = w, rate
+        if best_w == widths[-1]:
+            return drafted
+        cut = {}
+        for slot, (r, control, p) in drafted.items():
+            k = min(len(p.tokens), best_w - 1)
+            cut[slot] = (r, control, Proposal(p.tokens[:k], None if p.probs is None else p.probs[:k], p.match))
+        return cut
+
+    def _propose(self, r: RequestState, control: DraftLength) -> Proposal:
+        """r's drafts for this step. A cheap proposer (ngram: a lookup) proposes first, and its match length
+        picks the draft length; a draft model drafts only the length chosen before, each token a model step."""
+        room = self._room(r)
+        if getattr(self.proposer, "cheap", False):
+            proposal = self.proposer.propose(r, min(self.cap, room)) if self.cap and room > 0 else NO_PROPOSAL
+            k = control.choose(self.costs, min(room, len(proposal.tokens)), proposal.match) if proposal.tokens else 0
+            return Proposal(proposal.tokens[:k], None if proposal.probs is None else proposal.probs[:k],
+                            proposal.match) if k else NO_PROPOSAL
+        k = control.choose(self.costs, room)
+        if not k:
+            return NO_PROPOSAL
+        started, before = time.perf_counter(), getattr(self.proposer, "seconds", None)
+        timed_before = getattr(self.proposer, "timed_tokens", 0)
+        catchups_before = getattr(self.proposer, "catchups", 0)
+        catchup_before = getattr(self.proposer, "catchup_seconds", 0.0)
+        proposal = self.proposer.propose(r, k)
+        if before is None:
+            self.costs.observe_proposal(len(proposal.tokens), time.perf_counter() - started)
+        else:  # the proposer times its own steady drafting only (draft.py); an untimed proposal is no sample
+            if self.proposer.catchups > catchups_before:
+                self.costs.observe_catchup(self.proposer.catchup_seconds - catchup_before)
+            self.costs.observe_proposal(self.proposer.timed_tokens - timed_before, self.proposer.seconds - before)
+        return proposal
 
     def _room(self, r: RequestState) -> int:
         """Most drafts r may take now: its remaining tokens (the step then writes at most up to the slot's
@@ -137,7 +209,8 @@ class SpeculativeGenerator(Generator):
         emitted = 0
         for slot, (r, control, proposal) in drafted.items():
             accepted, kept = self._settle(r, proposal, logits[slot - lo, :len(proposal.tokens) + 1], events)
-            control.observe(len(proposal.tokens), accepted)
+            if proposal.tokens:  # a rider's plain step was observed when it proposed nothing
+                control.observe(len(proposal.tokens), accepted, proposal.match)
             emitted += kept
         seconds = time.perf_counter() - started
         self.costs.observe_verify(width, seconds)
@@ -205,7 +278,9 @@ class SpeculativeGenerator(Generator):
 
     def release(self, r: RequestState) -> None:
         self.proposer.release(r)
-        self._lengths.pop(id(r), None)
+        control = self._lengths.pop(id(r), None)
+        if control is not None and control.accepted:
+            self._prior = (dict(control.accepted), dict(control.rejected))
         super().release(r)
 
     def close(self) -> None:

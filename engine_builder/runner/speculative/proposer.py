@@ -16,6 +16,9 @@ class Proposal:
     # [len(tokens), vocab] float64: the distribution each draft token was sampled from (a draft model
     # sampling); None = the tokens were chosen deterministically (ngram, greedy draft): a one-hot q
     probs: np.ndarray | None = None
+    # how many context tokens the proposal's source matched (ngram: the suffix match length), 0 = not known;
+    # the draft length controller keeps a separate acceptance rate per match length (draft_length.py)
+    match: int = 0
 
 
 NO_PROPOSAL = Proposal(())

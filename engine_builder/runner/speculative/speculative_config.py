@@ -10,8 +10,12 @@ from engine_builder.util.errors import InputError
 
 Method = Literal["ngram", "draft"]
 METHODS: tuple[str, ...] = ("ngram", "draft")
-# adaptive mode's ceiling: a verify step of 8 tokens still costs about one decode step on a CPU
-DEFAULT_MAX_DRAFT_TOKENS = 7
+# adaptive mode's ceiling: 15 drafts, a 16-token verify step (the graph's default logits_tail), which costs
+# ~1.7-2.2 plain steps on the 2-core CPU. ngram: in the middle of a copy such drafts are mostly accepted;
+# draft: an int4 draft holding the target's own weights (`convert --quant gguf`) agrees on ~100 % of tokens,
+# and k=11 decoded 2.0x plain where k=4 gave 1.5x (benchmarks/speculative.py). The measured acceptance and
+# costs pick the length below it (draft_length.py)
+DEFAULT_MAX_DRAFT_TOKENS = {"ngram": 15, "draft": 15}
 
 
 @dataclass(frozen=True)
@@ -22,9 +26,9 @@ class SpeculativeConfig:
     # measured cost of a verify step, up to max_draft_tokens; falls back to plain decoding when drafts
     # keep failing, so the worst case stays close to decoding without speculation)
     num_draft_tokens: int | None = None
-    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS
-    ngram_max: int = 3  # ngram: longest suffix looked up in the prompt and output so far
-    ngram_min: int = 1
+    max_draft_tokens: int | None = None  # None: DEFAULT_MAX_DRAFT_TOKENS of the method
+    ngram_max: int = 8  # ngram: the longest suffix match looked for in the prompt and output so far
+    ngram_min: int = 2  # shorter matches propose nothing (one shared token is mostly a common word)
     draft_backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -51,7 +55,9 @@ class SpeculativeConfig:
 
     @property
     def draft_cap(self) -> int:
-        return self.num_draft_tokens if self.num_draft_tokens is not None else self.max_draft_tokens
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens
+        return self.max_draft_tokens if self.max_draft_tokens is not None else DEFAULT_MAX_DRAFT_TOKENS[self.method]
 
     @classmethod
     def of(cls, value: SpeculativeConfig | str | None, **fields) -> SpeculativeConfig | None:

@@ -1,0 +1,59 @@
+"""How long ngram drafts are: the longest suffix match wins, one shared token proposes nothing, the draft
+length follows the acceptance rate of proposals with the same match length, and a batched verify step
+takes the rows without drafts along (runner/speculative/)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine_builder import LLM, SamplingParams
+from engine_builder.runner.speculative import SpeculativeConfig
+from engine_builder.runner.speculative.draft_length import DraftLength, StepCosts
+from engine_builder.runner.speculative.ngram import lookup
+
+GREEDY = SamplingParams(max_new_tokens=40, temperature=0, logprobs=1)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7], [30, 31, 32, 33, 30, 31, 32, 33, 30, 31]]
+
+
+def test_the_longest_match_wins_and_is_reported():
+    # suffix [7, 8, 9]: matched 3 long at the start, only [8, 9] (2 long) at the more recent place
+    context = [7, 8, 9, 1, 2, 8, 9, 3, 4, 7, 8, 9]
+    proposal = lookup(context, 2)
+    assert proposal.tokens == (1, 2) and proposal.match == 3
+    assert lookup([4, 5, 6, 4, 5, 7, 4, 5], 2).tokens == (7, 4)  # equally long: the latest with 2 tokens after
+    assert lookup([4, 5, 6, 4, 5], 3).tokens == (6, 4, 5)
+    assert lookup([1, 2, 3, 1], 2).tokens == ()  # one shared token: no proposal at the default ngram_min 2
+    assert lookup([1, 2, 3, 1], 2, ngram_min=1).tokens == (2, 3)
+    assert lookup(list(range(20)) + list(range(12)), 4, ngram_max=8).match == 8  # capped at ngram_max
+
+
+def test_draft_length_follows_the_acceptance_of_its_match_length():
+    costs = StepCosts(t1=0.04, slope=0.004)  # a 16-token verify step costs 2.5 plain steps
+    control = DraftLength(cap=15, adaptive=True)
+    for _ in range(6):
+        control.observe(4, 0, match=2)  # 2-token matches: always wrong
+        control.observe(12, 12, match=9)  # long matches: always right
+    assert control.choose(costs, 15, match=2) == 0  # a plain step beats drafting on a short match
+    assert control.choose(costs, 15, match=9) == 15
+    assert control.choose(costs, 15, match=3) == 2  # no history for 3-token matches: the prior alpha 0.5
+    for _ in range(6):
+        control.observe(6, 6, match=3)
+    assert control.choose(costs, 15, match=3) == 6  # right every time, but at most 2 drafts per matched token
+    assert control.choose(costs, 4, match=9) == 4  # never past the room left
+
+
+def test_adaptive_batched_verify_with_riders_keeps_greedy_tokens(tiny_engine):
+    """Four greedy requests at once, adaptive ngram: rows without drafts take their token from the verify step
+    (riders), and the batch's drafts are cut to one common width; tokens and logprobs equal plain greedy."""
+    from engine_builder.executor import Executor
+
+    engine, _ = tiny_engine("llama")
+    prompts = [PROMPTS[0], [40, 41, 42, 43, 44], PROMPTS[1], [50, 61, 72, 83]]
+    want = LLM(engine).generate(prompt_token_ids=prompts, params=GREEDY)
+    llm = LLM(engine, speculative=SpeculativeConfig("ngram"))
+    with Executor(llm) as executor:
+        got = [h.result() for h in [executor.submit(p, GREEDY) for p in prompts]]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose([lp.logprob for lp in g.logprobs], [lp.logprob for lp in w.logprobs], atol=1e-4)
+    assert llm.generator.stats.batched_verify_steps > 0
