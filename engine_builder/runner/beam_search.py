@@ -114,10 +114,7 @@ def run_beam_search(backend: Backend, eos_token_ids: Collection[int], r: Request
             keep_going = improvable and not (done.all() and params.early_stopping) and not hits.all()
             if keep_going and not np.array_equal(src, np.arange(beams)):
                 backend.copy_slots([slots[i] for i in src], slots)  # each beam's cache follows its parent
-            clock.decode += time.perf_counter() - started
-            clock.execute += backend.execute_seconds - execute_before
-            clock.decode_steps += 1
-            clock.decode_tokens += beams
+            clock.decode_step(time.perf_counter() - started, backend.execute_seconds - execute_before, beams)
             if not keep_going:
                 break
     finally:

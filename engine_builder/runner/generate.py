@@ -254,10 +254,8 @@ class Generator:
             if r.slot is None:
                 del active[slot]
         if clock is not None:
-            clock.decode += time.perf_counter() - started
-            clock.execute += self.backend.execute_seconds - execute_before
-            clock.decode_tokens += len(requests)
-            clock.decode_steps += 1
+            clock.decode_step(time.perf_counter() - started, self.backend.execute_seconds - execute_before,
+                              len(requests))
 
     def _accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
         r.token_ids.append(token)

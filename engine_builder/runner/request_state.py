@@ -67,6 +67,13 @@ class StepClock:
         self.prefill = self.decode = self.execute = 0.0
         self.decode_tokens = self.decode_steps = 0
 
+    def decode_step(self, seconds: float, execute_seconds: float, tokens: int) -> None:
+        """One decode step that took SECONDS, EXECUTE_SECONDS of them in the engine, and emitted TOKENS."""
+        self.decode += seconds
+        self.execute += execute_seconds
+        self.decode_tokens += tokens
+        self.decode_steps += 1
+
     def timings(self) -> Timings:
         tok_s = self.decode_tokens / self.decode if self.decode > 0 else 0.0
         share = (self.decode - self.execute) / self.decode if self.decode > 0 else 0.0

@@ -216,10 +216,7 @@ class SpeculativeGenerator(Generator):
         self.costs.observe_verify(width, seconds)
         self.stats.batched_verify_steps += 1
         if clock is not None:
-            clock.decode += seconds
-            clock.execute += self.backend.execute_seconds - execute_before
-            clock.decode_tokens += emitted
-            clock.decode_steps += 1
+            clock.decode_step(seconds, self.backend.execute_seconds - execute_before, emitted)
 
     def _verify(self, r: RequestState, proposal: Proposal, events: list[Event], clock: StepClock | None) -> int:
         """One engine step over [last token, *drafts] at r's slot; emits the kept tokens; how many drafts survived."""
@@ -239,10 +236,7 @@ class SpeculativeGenerator(Generator):
             self.costs.observe_plain(seconds)
             self.stats.plain_steps += 1
         if clock is not None:
-            clock.decode += seconds
-            clock.execute += self.backend.execute_seconds - execute_before
-            clock.decode_tokens += emitted
-            clock.decode_steps += 1
+            clock.decode_step(seconds, self.backend.execute_seconds - execute_before, emitted)
         return accepted
 
     def _settle(self, r: RequestState, proposal: Proposal, logits: np.ndarray, events: list[Event]) -> tuple[int, int]:
