@@ -111,7 +111,9 @@ class FastTokenizer:
     def __call__(self, text: Any, add_special_tokens: bool = True, **kwargs: Any) -> Any:
         if kwargs or not isinstance(text, str):
             return self.transformers(text, add_special_tokens=add_special_tokens, **kwargs)
-        ids = self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: only the batch call releases the GIL while it works, so a server that
+        # tokenizes a large prompt in a worker thread keeps answering /health (what transformers calls too)
+        ids = self.backend_tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return Encoded(input_ids=ids, attention_mask=[1] * len(ids))
 
     def get_vocab(self) -> dict[str, int]:

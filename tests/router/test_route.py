@@ -110,6 +110,11 @@ def test_sigkill_of_a_replica_mid_load_loses_no_request_and_it_is_put_back(repli
         done.append(i)
         if len(done) == 10 and not killed.is_set():
             killed.set()
+            # the kill must catch requests on the victim (the premise of the test): wait until the router has some
+            deadline = time.monotonic() + 30
+            while router.backend_metric("in_flight", victim.url) == 0:
+                assert time.monotonic() < deadline, f"no request in flight on {victim.url}: {router.log()}"
+                time.sleep(0.01)
             victim.kill()  # ~40 requests are still queued or running, half of them on the victim
         return text
 
@@ -119,8 +124,8 @@ def test_sigkill_of_a_replica_mid_load_loses_no_request_and_it_is_put_back(repli
     assert got == expected  # all 50 answered, each with the replica's exact tokens
     router.wait_healthy(victim.url, healthy=False)
     m = router.metrics()
-    assert m[f'trtbuild_router_backend_errors_total{{backend="{victim.url}"}}'] >= 1
-    assert m["trtbuild_router_retries_total"] >= 1
+    assert m[f'trtbuild_router_backend_errors_total{{backend="{victim.url}"}}'] >= 1, router.log()
+    assert m["trtbuild_router_retries_total"] >= 1, router.log()
     assert m["trtbuild_router_unrouted_total"] == 0
 
     # the restarted replica is put back by the health checks, and takes requests again
