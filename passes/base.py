@@ -81,6 +81,21 @@ class RewritePass(Pass):
         return f"{kind} at {node.op_type} node {node.name!r}: {reason}"
 
 
+# onnxruntime's contrib ops (FusedMatMul, MatMulNBits, SkipSimplifiedLayerNormalization...): only the twin's
+# lowerings (lower_ort_*) emit them, and a model using them must import this domain
+MS_DOMAIN = "com.microsoft"
+
+
+class OrtContribRewritePass(RewritePass):
+    """A RewritePass whose rewrites emit onnxruntime contrib ops: a model it changed imports their domain."""
+
+    def apply(self, model: ir.Model) -> int:
+        count = super().apply(model)
+        if count:
+            model.opset_imports.setdefault(MS_DOMAIN, 1)
+        return count
+
+
 class PassManager:
     """Runs passes by name in an explicit order and reports per-pass match counts."""
 

@@ -49,9 +49,8 @@ import onnx_ir as ir
 
 from engine_builder.network import kv_quant
 from passes.attention_block import BHSD, AttentionBlock, NoMatch, find_attention_block
-from passes.base import Pass, register_pass
+from passes.base import MS_DOMAIN, Pass, register_pass
 
-MS_DOMAIN = "com.microsoft"
 GQA_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 

@@ -23,9 +23,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes.base import RewritePass, register_pass
-
-MS_DOMAIN = "com.microsoft"
+from passes.base import MS_DOMAIN, OrtContribRewritePass, register_pass
 
 
 def _is_weight(value: ir.Value) -> bool:
@@ -56,15 +54,9 @@ class TransposedWeightMatMul(pattern.RewriteRuleClassBase):
 
 
 @register_pass
-class LowerOrtMatMulTransB(RewritePass):
+class LowerOrtMatMulTransB(OrtContribRewritePass):
     name = "lower_ort_matmul_transb"
     description = "MatMul(x, Transpose(W)) on a float32 weight -> com.microsoft FusedMatMul(x, W, transB=1)"
 
     def rules(self) -> Sequence[pattern.RewriteRule]:
         return [TransposedWeightMatMul.rule()]
-
-    def apply(self, model: ir.Model) -> int:
-        count = super().apply(model)
-        if count:
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
-        return count

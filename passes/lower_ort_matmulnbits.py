@@ -43,11 +43,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from engine_builder.formats import graph_io as io
-from passes.base import RewritePass, register_pass
+from passes.base import MS_DOMAIN, OrtContribRewritePass, register_pass
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # weights it can re-read as float
 
-MS_DOMAIN = "com.microsoft"
 ACCURACY_META = io.META_ORT_ACCURACY_LEVEL
 INT8_BLOCK = 32  # per-channel int8 has no blocks of its own; 32 is what onnxruntime's own fusion picks
 
@@ -168,7 +167,7 @@ def _read_float(stored: ir.ExternalTensor, stored_dtype: ir.DataType, dtype: ir.
 
 
 @register_pass
-class LowerOrtMatMulNBits(RewritePass):
+class LowerOrtMatMulNBits(OrtContribRewritePass):
     name = "lower_ort_matmulnbits"
     description = "DequantizeLinear -> Transpose -> MatMul (int4 / int8 weights) -> com.microsoft MatMulNBits"
     accuracy_level: ClassVar[int] = 4
@@ -179,7 +178,6 @@ class LowerOrtMatMulNBits(RewritePass):
     def apply(self, model: ir.Model) -> int:
         count = super().apply(model)
         if count:
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
             levels = {node.attributes.get_int("accuracy_level", 0) for node in model.graph
                       if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN}
             model.metadata_props[ACCURACY_META] = ",".join(map(str, sorted(levels)))

@@ -22,9 +22,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes.base import RewritePass, register_pass
-
-MS_DOMAIN = "com.microsoft"
+from passes.base import MS_DOMAIN, OrtContribRewritePass, register_pass
 
 
 class SkipRmsNorm(pattern.RewriteRuleClassBase):
@@ -57,15 +55,9 @@ class SkipRmsNorm(pattern.RewriteRuleClassBase):
 
 
 @register_pass
-class LowerOrtNorms(RewritePass):
+class LowerOrtNorms(OrtContribRewritePass):
     name = "lower_ort_norms"
     description = "residual Add + RMSNormalization -> com.microsoft SkipSimplifiedLayerNormalization"
 
     def rules(self) -> Sequence[pattern.RewriteRule]:
         return [SkipRmsNorm.rule()]
-
-    def apply(self, model: ir.Model) -> int:
-        count = super().apply(model)
-        if count:
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
-        return count
