@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import select
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # a progress line for logs (engine_builder/cli/progress_lines.py): stderr carries them when it is not a
@@ -29,3 +32,21 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def ready_line(proc: subprocess.Popen, prefix: str, timeout: float, log: Callable[[], str]) -> tuple[str, int]:
+    """The first stdout line of a starting server PROC that begins with PREFIX, and its line number; kills
+    PROC and fails with LOG() if it exits or prints none within TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    number = 0
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            line = proc.stdout.readline()
+            number += 1
+            if line.startswith(prefix):
+                return line, number
+            if not line:  # stdout closed: the server exited
+                break
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"{proc.args[3]} did not start (exit {proc.returncode}): {log()[-4000:]}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import select
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from cli_process import ready_line
 from prometheus_client.parser import text_string_to_metric_families
 
 # Bounds for a shared 2-core CI machine: loading the model takes ~10 s there, up to ~60 s under load.
@@ -29,21 +29,7 @@ class LiveServer:
         self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty server never blocks
         self.proc = subprocess.Popen([sys.executable, "-m", "engine_builder.cli", "serve", str(engine),
                                       "--port", "0", *args], stdout=subprocess.PIPE, stderr=self.stderr, text=True)
-        self.url = self._ready_url()
-
-    def _ready_url(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
-            if ready:
-                line = self.proc.stdout.readline()
-                if line.startswith("serving at "):
-                    return line.split()[-1]
-                if not line:  # stdout closed: the server exited
-                    break
-        self.proc.kill()
-        self.proc.wait()
-        raise AssertionError(f"trtbuild serve did not start (exit {self.proc.returncode}): {self.log()}")
+        self.url = ready_line(self.proc, "serving at ", START_TIMEOUT_S, self.log)[0].split()[-1]
 
     def log(self) -> str:
         self.stderr.seek(0)

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import queue
-import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from cli_process import ready_line
 
 START_TIMEOUT_S = 240.0  # model load + tritonserver + one python stub per model instance, on a loaded 2-core box
 
@@ -42,24 +41,9 @@ class TritonProcess:
             [sys.executable, "-m", "engine_builder.cli", "serve-triton", str(engine), "--http-port", str(http),
              "--grpc-port", str(grpc), "--metrics-port", str(metrics), *args],
             stdout=subprocess.PIPE, stderr=self.log_file, text=True)
-        line = self._ready_line()
+        line, number = ready_line(self.proc, "triton serving ", START_TIMEOUT_S, self.log)
         _, _, self.model, self.http_url, _, self.grpc_url = line.split()
-        self.first_stdout_line = self.ready_line_number == 1
-
-    def _ready_line(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        self.ready_line_number = 0
-        while time.monotonic() < deadline:
-            if select.select([self.proc.stdout], [], [], 1.0)[0]:
-                line = self.proc.stdout.readline()
-                self.ready_line_number += 1
-                if line.startswith("triton serving "):
-                    return line
-                if not line:
-                    break
-        self.proc.kill()
-        self.proc.wait()
-        raise AssertionError(f"serve-triton did not start (exit {self.proc.returncode}): {self.log()[-4000:]}")
+        self.first_stdout_line = number == 1
 
     def log(self) -> str:
         self.log_file.seek(0)
