@@ -22,6 +22,7 @@ from engine_builder.build.target_check import check_target_ops
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.kv_update_graph import record_kv_update
 from engine_builder.formats.manifest import (
     ENGINE_FILE,
     ENGINE_SCHEMA,
@@ -140,6 +141,8 @@ def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[
         check_target_ops(model, target)
         path = out_dir / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
         save(model, path)
+        if target == "onnxruntime":  # read by `run` from the session's metadata, not by parsing the graph again
+            record_kv_update(path)
         hashes[target] = sha256_file(path)
         if target == "tensorrt":
             from engine_builder.trt.engine_build import build_engine

@@ -106,6 +106,10 @@ def test_kv_update_mode_from_graph_and_metadata(tiny_engine, tmp_path):
     assert kv_update_mode(default / "model.onnx")[0] == "in_place"
     mode, why = kv_update_mode(gqa / "model.onnx")
     assert mode == "in_place" and "GroupQueryAttention" in why
+    # the build recorded both in the graph's metadata, where a load reads them without importing onnx
+    meta = {p.key: p.value for p in onnx.load(str(gqa / "model.onnx"), load_external_data=False).metadata_props}
+    assert (meta["trtbuild.kv_update"], meta["trtbuild.kv_update_reason"]) == (mode, why)
+    assert OrtBackend(EngineDir.load(gqa)).kv_update_reason == why
     # a producer we know nothing about: copy semantics
     shape = [None, 2, 8, 4]
     graph = helper.make_graph(
