@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
 from engine_builder.build.encoder_profiles import encoder_profiles
+from engine_builder.build.ort_prepack import prepacked_twin_wanted, write_prepacked_twin
 from engine_builder.build.preflight import preflight
 from engine_builder.build.target_check import check_target_ops
 from engine_builder.formats import graph_io as io
@@ -184,6 +185,9 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
+        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout):
+            (stage or (lambda _: None))("prepacked onnxruntime twin")
+            write_prepacked_twin(tmp, twin)  # run loads it without packing the weights (build/ort_prepack.py)
         result = build_result(out, config, lowered, started, peak)
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),

@@ -21,7 +21,10 @@ Graph optimization level: ENABLE_ALL for float32; BASIC for float16/bfloat16, be
 records EXTENDED corrupting some fp16 graphs. Measured here (SmolLM2 and the tiny models, default
 and GroupQueryAttention graphs, 12 greedy steps vs ORT_DISABLE_ALL): every level gave the same
 tokens; fp32 max |Δlogit| <= 5e-5 at BASIC/EXTENDED/ALL, fp16 0.03-0.05 (fp16 noise) at all three.
-tests/runner/test_ort_backend.py keeps checking the shipped level of each dtype on SmolLM2.
+tests/runner/test_ort_backend.py keeps checking the shipped level of each dtype on SmolLM2. The levels
+live in formats/ort_graph_levels.py, shared with the build's prepacked twin (model.prepacked.onnx: the
+graph optimized at that level with its MatMul weights packed, loaded with optimizations off where the
+CPU and onnxruntime match: formats/ort_prepacked.py; ~0.25 s less CPU per SmolLM2 start).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import onnxruntime as ort
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.graph_io import KVCacheLayout
 from engine_builder.formats.kv_update_graph import kv_update_mode, recorded_kv_update
+from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_level
+from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_MODEL, cpu_signature
 from engine_builder.runner.backend import Backend, KVUpdate, register_backend
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
@@ -43,11 +48,6 @@ from engine_builder.runner.ort_spinning import allow_spinning
 from engine_builder.util.cpu_cores import physical_cores
 from engine_builder.util.errors import InputError, UnsupportedError
 
-OPTIMIZATION_LEVELS = {
-    "float32": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    "float16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "bfloat16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-}
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
               "tensor(int8)": "int8"}  # int8: `convert --kv-cache int8`
 
@@ -55,8 +55,7 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 def session_options(dtype: str, threads: int | None = None,
                     level: ort.GraphOptimizationLevel | None = None) -> ort.SessionOptions:
     options = ort.SessionOptions()
-    options.graph_optimization_level = OPTIMIZATION_LEVELS.get(dtype, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) \
-        if level is None else level
+    options.graph_optimization_level = optimization_level(dtype) if level is None else level
     options.intra_op_num_threads = threads or physical_cores()
     # spin-wait between kernels only when the machine has idle cores for it (runner/ort_spinning.py)
     options.add_session_config_entry("session.intra_op.allow_spinning",
@@ -64,14 +63,19 @@ def session_options(dtype: str, threads: int | None = None,
     options.inter_op_num_threads = 1  # a decoder is one chain of ops: nothing to run in parallel
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: warnings would interleave with streamed text
-    # DQ -> MatMul fuses into MatMulNBits, which by default quantizes activations to int8 (~1%
-    # error, DESIGN §4); accuracy level 0 keeps them in the graph's float type
-    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    for key, value in GRAPH_CONFIG.items():  # e.g. MatMulNBits' accuracy level (formats/ort_graph_levels.py)
+        options.add_session_config_entry(key, value)
     return options
 
 
 def load_session(engine: EngineDir, threads: int | None = None,
                  optimization_level: ort.GraphOptimizationLevel | None = None) -> ort.InferenceSession:
+    """The twin's session: the build's prepacked graph where this CPU and onnxruntime can use it (weights
+    packed at build: formats/ort_prepacked.py), else model.onnx (and always when a level is asked for)."""
+    if optimization_level is None:
+        session = _prepacked_session(engine, threads)
+        if session is not None:
+            return session
     try:
         return ort.InferenceSession(str(engine.onnx_path),
                                     session_options(engine.twin_dtype, threads, optimization_level),
@@ -82,6 +86,21 @@ def load_session(engine: EngineDir, threads: int | None = None,
                f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 to run on CPU")
         raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
                                f"{str(exc).splitlines()[0]}; {fix}") from None
+
+
+def _prepacked_session(engine: EngineDir, threads: int | None) -> ort.InferenceSession | None:
+    graph = engine.path / PREPACKED_MODEL
+    if not graph.is_file():
+        return None
+    try:  # already optimized at the level a load would use: optimizing again would only cost time
+        session = ort.InferenceSession(str(graph), session_options(engine.twin_dtype, threads,
+                                                                   ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                                       providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 (onnxruntime's own types): model.onnx is the twin; this is a shortcut
+        return None
+    made_for = session.get_modelmeta().custom_metadata_map.get(META_PREPACKED_FOR)
+    # packed for another CPU or onnxruntime: unused before any run, model.onnx is loaded instead
+    return session if made_for is not None and made_for == cpu_signature() else None
 
 
 @register_backend(preference=0)

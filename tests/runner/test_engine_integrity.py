@@ -59,7 +59,8 @@ def test_the_manifest_records_every_file_the_engine_reads(built):
     _, engine = built
     manifest = EngineManifest.load(engine)
     names = {d.name for d in manifest.files}
-    assert {"model.onnx", "rank0.safetensors"} <= names and not names & {"config.json", "tokenizer.json"}
+    assert {"model.onnx", "rank0.safetensors", "model.prepacked.onnx", "model.prepacked.onnx.data"} <= names
+    assert not names & {"config.json", "tokenizer.json"}
     for d in manifest.files:
         data = (engine / d.name).read_bytes()
         assert (d.size, d.sha256) == (len(data), hashlib.sha256(data).hexdigest())
