@@ -1,12 +1,21 @@
-"""Write the prepacked twin (formats/ort_prepacked.py) beside model.onnx, for the twins it is made for."""
+"""Write the prepacked twin (formats/ort_prepacked.py) beside model.onnx, for the twins it is made for.
+
+onnxruntime packs in a child process (`python -m engine_builder.build.ort_prepack DIR DTYPE`), as TensorRT
+builds in one: its ~2x the float weights of memory (packed copies beside the mapped originals) is freed at
+its exit and stays out of the build's own peak, which `trtbuild plan` predicts apart
+(build/resource_plan.py twin_prepack_peak_bytes).
+"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from engine_builder.formats.manifest import ORT_MODEL
 from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_level
 from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_DATA, PREPACKED_MODEL, cpu_signature
+from engine_builder.util.errors import UnsupportedError
 
 
 def prepacked_twin_wanted(twin_dtype: str, scheme: str, kv_layout: str) -> bool:
@@ -16,7 +25,17 @@ def prepacked_twin_wanted(twin_dtype: str, scheme: str, kv_layout: str) -> bool:
     return twin_dtype == "float32" and scheme == "none" and kv_layout == "slots"
 
 
-def write_prepacked_twin(engine_dir: Path, twin_dtype: str) -> bool:
+def write_prepacked_twin(engine_dir: Path, twin_dtype: str) -> None:
+    """write_prepacked_twin_here in a child process."""
+    proc = subprocess.run([sys.executable, "-m", "engine_builder.build.ort_prepack", str(engine_dir), twin_dtype],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise UnsupportedError(f"onnxruntime could not save the prepacked twin of {engine_dir / ORT_MODEL}: {last}; "
+                               "build with --dtype float16, or report it")
+
+
+def write_prepacked_twin_here(engine_dir: Path, twin_dtype: str) -> bool:
     """Let onnxruntime optimize ENGINE_DIR/model.onnx as a load would and save the result with its packed
     weights; False (nothing written) where this CPU's signature is unknown."""
     import onnx
@@ -43,3 +62,7 @@ def write_prepacked_twin(engine_dir: Path, twin_dtype: str) -> bool:
     onnx.helper.set_model_props(model, props)
     onnx.save(model, str(graph))  # the graph only: its tensors keep their external references
     return True
+
+
+if __name__ == "__main__":
+    write_prepacked_twin_here(Path(sys.argv[1]), sys.argv[2])
