@@ -3,7 +3,8 @@
 onnxruntime packs in a child process (`python -m engine_builder.build.ort_prepack DIR DTYPE`), as TensorRT
 builds in one: its ~2x the float weights of memory (packed copies beside the mapped originals) is freed at
 its exit and stays out of the build's own peak, which `trtbuild plan` predicts apart
-(build/resource_plan.py twin_prepack_peak_bytes).
+(build/resource_plan.py twin_prepack_peak_bytes). Below IN_PROCESS_BYTES of weights it packs in the build's
+own process: a child's start (~0.5 s) would cost more than the packing, and the memory is a few MB.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ def prepacked_twin_wanted(twin_dtype: str, scheme: str, kv_layout: str) -> bool:
     return twin_dtype == "float32" and scheme == "none" and kv_layout == "slots"
 
 
-def write_prepacked_twin(engine_dir: Path, twin_dtype: str) -> None:
-    """write_prepacked_twin_here in a child process."""
+IN_PROCESS_BYTES = 64 << 20
+
+
+def write_prepacked_twin(engine_dir: Path, twin_dtype: str, weight_bytes: int) -> None:
+    """write_prepacked_twin_here, in a child process unless the weights are small."""
+    if weight_bytes < IN_PROCESS_BYTES:
+        write_prepacked_twin_here(engine_dir, twin_dtype)
+        return
     proc = subprocess.run([sys.executable, "-m", "engine_builder.build.ort_prepack", str(engine_dir), twin_dtype],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:

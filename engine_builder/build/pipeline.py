@@ -187,7 +187,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
                 shutil.copyfile(f, tmp / f.name)
         if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout):
             (stage or (lambda _: None))("prepacked onnxruntime twin")
-            write_prepacked_twin(tmp, twin)  # run loads it without packing the weights (build/ort_prepack.py)
+            # run loads it without packing the weights (build/ort_prepack.py)
+            write_prepacked_twin(tmp, twin, (tmp / WEIGHTS_FILE).stat().st_size)
         result = build_result(out, config, lowered, started, peak)
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),
