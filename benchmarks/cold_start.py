@@ -52,7 +52,8 @@ def engine(work: Path) -> Path:
         from engine_builder.formats.build_config import BuildConfig, Limits
         from engine_builder.util.bundled import smollm2_gguf
 
-        convert(smollm2_gguf(), work / "ckpt-fp32", dtype="float32")
+        if not (work / "ckpt-fp32").exists():
+            convert(smollm2_gguf(), work / "ckpt-fp32", dtype="float32")
         build(work / "ckpt-fp32", out, BuildConfig(targets=("onnxruntime",), dtype="float32",
                                                    limits=Limits(max_batch=1, max_input_len=128, max_seq_len=256)))
     return out

@@ -17,11 +17,13 @@ import onnx_ir as ir
 
 import passes  # noqa: F401  (registers every pass)
 from engine_builder.build.encoder_profiles import encoder_profiles
+from engine_builder.build.ort_prepack import prepacked_twin_wanted, write_prepacked_twin
 from engine_builder.build.preflight import preflight
 from engine_builder.build.target_check import check_target_ops
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.kv_update_graph import record_kv_update
 from engine_builder.formats.manifest import (
     ENGINE_FILE,
     ENGINE_SCHEMA,
@@ -140,6 +142,8 @@ def lower_for_targets(out_dir: Path, config: BuildConfig, make_model: Callable[[
         check_target_ops(model, target)
         path = out_dir / (ORT_MODEL if target == "onnxruntime" else TRT_MODEL)
         save(model, path)
+        if target == "onnxruntime":  # read by `run` from the session's metadata, not by parsing the graph again
+            record_kv_update(path)
         hashes[target] = sha256_file(path)
         if target == "tensorrt":
             from engine_builder.trt.engine_build import build_engine
@@ -181,6 +185,10 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
+        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout):
+            (stage or (lambda _: None))("prepacked onnxruntime twin")
+            # run loads it without packing the weights (build/ort_prepack.py)
+            write_prepacked_twin(tmp, twin, (tmp / WEIGHTS_FILE).stat().st_size)
         result = build_result(out, config, lowered, started, peak)
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),

@@ -14,7 +14,9 @@ SmolLM2-135M (tests/engine_builder/test_resource_plan.py checks them within 20 %
   build     the graph of each target held by onnx_ir with its weights as external references (about
             0.85 MB per decoder layer: SmolLM2's 30 layers measured 25 MB for the twin, 33 MB with the
             TensorRT graph too), plus, quantized, the bytes lowering re-lays out one linear at a time.
-            TensorRT builds in a child process, about 1.5x the engine's bytes, reported apart.
+            TensorRT builds in a child process, about 1.5x the engine's bytes, reported apart; so does
+            onnxruntime saving a float32 twin's prepacked graph (build/ort_prepack.py), about 2x the float
+            weights, which the engine dir then holds too (the weights and their packed copies).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_builder.build.dtype_choice import DtypeChoice, choose_dtypes
+from engine_builder.build.ort_prepack import prepacked_twin_wanted
 from engine_builder.build.preflight import RTX_TARGETS, trt_flavour
 from engine_builder.build.target_check import FP8_CAPABLE
 from engine_builder.formats.build_config import BuildConfig
@@ -63,6 +66,7 @@ class ResourcePlan:
     convert_peak_bytes: int
     build_peak_bytes: int  # this process (graph, passes, twin)
     trt_builder_peak_bytes: int  # TensorRT's build child process
+    twin_prepack_peak_bytes: int  # onnxruntime's child saving the prepacked twin (0: none is made)
     engine_bytes: int  # rank0.engine (TensorRT)
     engine_dir_bytes: int  # the engine dir: its own weights copy, the engine, the twin's extra bytes
     kv_bytes_per_token: dict[str, int]  # per target
@@ -77,6 +81,7 @@ class ResourcePlan:
     @property
     def fits_here(self) -> bool:
         need = max(self.convert_peak_bytes, self.build_peak_bytes + self.trt_builder_peak_bytes,
+                   self.build_peak_bytes + self.twin_prepack_peak_bytes,
                    *self.runtime_bytes.values())
         return need <= self.machine_bytes
 
@@ -204,6 +209,8 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
     trt_ok = "tensorrt" in config.targets and targets[0].ok
     twin_extra = 0 if q.scheme in ("none", "fp8") else ckpt_bytes - sum(
         _float_bytes(s, ckpt_dtype) for n, s in tensors.items() if n.removesuffix(".weight") not in q.quantized)
+    prepacked = 2 * sum(_float_bytes(s, "float32") for s in tensors.values()) \
+        if prepacked_twin_wanted(choice.twin, q.scheme, config.kv_layout) else 0
     budget, where = machine_memory()
     return ResourcePlan(
         source=str(src), model={"architecture": model.architecture, "layers": model.num_layers,
@@ -215,8 +222,9 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
         dtypes={"engine": choice.engine, "twin": choice.twin, "why": choice.reason},
         checkpoint_bytes=ckpt_bytes, convert_peak_bytes=convert_peak, build_peak_bytes=build_peak,
         trt_builder_peak_bytes=int(TRT_CHILD_ENGINE_FACTOR * engine) if trt_ok else 0,
+        twin_prepack_peak_bytes=prepacked,
         engine_bytes=engine if trt_ok else 0,
-        engine_dir_bytes=ckpt_bytes + (engine if trt_ok else 0) + max(0, twin_extra),
+        engine_dir_bytes=ckpt_bytes + (engine if trt_ok else 0) + max(0, twin_extra) + prepacked,
         kv_bytes_per_token=kv_per_token, kv_cache_bytes=kv_bytes, runtime_bytes=runtime,
         limits={"max_batch": limits.max_batch, "max_input_len": limits.max_input_len,
                 "max_seq_len": limits.max_seq_len},
@@ -238,6 +246,8 @@ def describe(plan: ResourcePlan) -> list[str]:
     group = f" g{q['group_size']}" if q["group_size"] else ""
     trt_child = (f" (+ TensorRT builder process ~{plan.trt_builder_peak_bytes / MB:.0f} MB)"
                  if plan.trt_builder_peak_bytes else "")
+    if plan.twin_prepack_peak_bytes:
+        trt_child += f" (+ onnxruntime prepacking process ~{plan.twin_prepack_peak_bytes / MB:.0f} MB)"
     engine = f" (TensorRT engine ~{plan.engine_bytes / MB:.1f} MB)" if plan.engine_bytes else ""
     lines = [f"{plan.source}: {m['architecture']}, {m['layers']} layers, hidden {m['hidden']}, vocab {m['vocab']} "
              f"({m['source']})",

@@ -23,13 +23,14 @@ def verify(
     Example: trtbuild verify engine
     """
     from engine_builder.formats.manifest import EngineManifest
-    from engine_builder.runner.engine_integrity import verify_engine_dir
+    from engine_builder.runner.engine_integrity import remember_verified, verify_engine_dir
 
     manifest = EngineManifest.load(engine_dir)
     total = sum(d.size for d in manifest.files)
     hashing = stderr.status(f"hashing {len(manifest.files)} files ({total / 1e6:.0f} MB)")
     with contextlib.nullcontext() if as_json else hashing:
-        verdicts = verify_engine_dir(engine_dir, manifest)
+        verdicts = verify_engine_dir(engine_dir, manifest)  # every file hashed, whatever any record says
+    remember_verified(engine_dir, verdicts)  # all matched: the next load need not hash them again
     bad = [v for v in verdicts if not v.ok]
     if as_json:
         print_json({"path": str(engine_dir), "ok": not bad,

@@ -27,6 +27,7 @@ from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, SourceFingerprint
 from engine_builder.formats.dataclass_io import from_dict
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.formats.ort_prepacked import PREPACKED_MODEL
 from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import ConfigError, InputError
@@ -51,7 +52,7 @@ def verified_files(engine_dir: Path) -> list[Path]:
     """The files an engine reads, as present in ENGINE_DIR: its weights, both graphs and the external data
     beside them (model.onnx.data...), the serialized engines. Tokenizer and config files are not among them."""
     def read_by_the_engine(name: str) -> bool:
-        return (name in (ORT_MODEL, TRT_MODEL) or name.endswith((".onnx.data", ".engine"))
+        return (name in (ORT_MODEL, TRT_MODEL, PREPACKED_MODEL) or name.endswith((".onnx.data", ".engine"))
                 or (name.startswith("rank") and name.endswith((".safetensors", ".onnx"))))  # + tp/pp segments
 
     return sorted(f for f in Path(engine_dir).iterdir() if f.is_file() and read_by_the_engine(f.name))

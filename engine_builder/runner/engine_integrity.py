@@ -2,9 +2,10 @@
 
 `trtbuild run`, `serve`, `eval` and `LLM()` check this when they load an engine dir (runner/engine.py),
 and `trtbuild verify` reports every file. A changed weight byte would otherwise give wrong text with
-no error. What a load may skip: a file this process already hashed whose inode is unchanged since
-(device, inode, size, mtime and ctime, the last of which no user can set back), recorded only when
-its last change was long enough before the hash that a later write must move ctime.
+no error. What a load may skip: a file whose inode is unchanged (device, inode, size, mtime and ctime,
+the last of which no user can set back) since this process hashed it, or since a successful verification
+recorded it in the per-user record (runner/verified_record.py); a fingerprint is kept only when its last
+change was long enough before the hash that a later write must move ctime. `trtbuild verify` skips nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine_builder.formats.manifest import EngineManifest, FileDigest, verified_files
+from engine_builder.runner.verified_record import Fingerprint, add_to_record, fingerprint, read_record
 from engine_builder.util.errors import InputError
 from engine_builder.util.file_hash import sha256_file
 
@@ -50,9 +52,10 @@ class FileVerdict:
 
 
 def verify_engine_dir(path: Path | str, manifest: EngineManifest | None = None,
-                      threads: int | None = None) -> list[FileVerdict]:
+                      threads: int | None = None, reuse: bool = False) -> list[FileVerdict]:
     """One verdict per file the manifest records, then per unrecorded file an engine would read;
-    files are hashed in parallel (THREADS, default one per core)."""
+    files are hashed in parallel (THREADS, default one per core). REUSE (loads): a file whose inode is
+    unchanged since this process or a recorded verification hashed it is not hashed again."""
     path = Path(path)
     manifest = manifest if manifest is not None else EngineManifest.load(path)
     recorded = {d.name for d in manifest.files}
@@ -60,13 +63,33 @@ def verify_engine_dir(path: Path | str, manifest: EngineManifest | None = None,
              for f in verified_files(path) if f.name not in recorded]
     workers = max(1, min(len(manifest.files), threads or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
-        checked = list(pool.map(lambda d: _verdict(path, d), manifest.files))
+        checked = list(pool.map(lambda d: _verdict(path, d, reuse), manifest.files))
     return checked + extra
+
+
+def remember_verified(path: Path, verdicts: list[FileVerdict]) -> None:
+    """After a verification where every file matched: add the files hashed in this process to the per-user
+    record, so the next load skips them while their inodes stay unchanged."""
+    if not all(v.ok for v in verdicts):
+        return
+    hashed: dict[Fingerprint, str] = {}
+    for v in verdicts:
+        try:
+            key = fingerprint(os.stat(Path(path) / v.name))
+        except OSError:
+            continue
+        with _lock:
+            sha = _hashed.get(key)  # only settled fingerprints, hashed as they are now
+        if sha is not None and sha == v.recorded_sha256:
+            hashed[key] = sha
+    add_to_record(hashed)
 
 
 def check_engine_files(path: Path, manifest: EngineManifest) -> None:
     """verify_engine_dir for a load: an InputError naming the first bad file and the fix."""
-    _refuse(path, verify_engine_dir(path, manifest))
+    verdicts = verify_engine_dir(path, manifest, reuse=True)
+    _refuse(path, verdicts)
+    remember_verified(path, verdicts)
 
 
 class PendingCheck:
@@ -90,13 +113,14 @@ class PendingCheck:
         self._thread.start()
 
     def _hash(self) -> None:
-        self._result = verify_engine_dir(self._path, self._manifest)
+        self._result = verify_engine_dir(self._path, self._manifest, reuse=True)
 
     def result(self) -> None:
         self._thread.join()
         if self._result is None:  # the thread died (an OSError reading a file): check again here, raising it
-            self._result = verify_engine_dir(self._path, self._manifest)
+            self._result = verify_engine_dir(self._path, self._manifest, reuse=True)
         _refuse(self._path, self._result)
+        remember_verified(self._path, self._result)
 
 
 def _stat_verdict(engine_dir: Path, digest: FileDigest) -> FileVerdict | None:
@@ -123,15 +147,12 @@ def _refuse(path: Path, verdicts: list[FileVerdict]) -> None:
 # --- hashing, with the per-process record of files already hashed ------------------------------
 
 _SETTLED_NS = 2_000_000_000  # a file changed less than 2 s before its hash is hashed again next time
-_hashed: dict[tuple[int, ...], str] = {}  # inode fingerprint -> sha256, this process only
+_hashed: dict[Fingerprint, str] = {}  # inode fingerprint -> sha256, hashed by this process
+_recorded: dict[Fingerprint, str] | None = None  # the per-user record, read once per process when a load needs it
 _lock = threading.Lock()
 
 
-def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _verdict(engine_dir: Path, digest: FileDigest) -> FileVerdict:
+def _verdict(engine_dir: Path, digest: FileDigest, reuse: bool = False) -> FileVerdict:
     file = engine_dir / digest.name
     try:
         before = os.stat(file)
@@ -139,22 +160,26 @@ def _verdict(engine_dir: Path, digest: FileDigest) -> FileVerdict:
         return FileVerdict(digest.name, "missing", None, digest.size, None, digest.sha256)
     if before.st_size != digest.size:  # no need to read a byte
         return FileVerdict(digest.name, "modified", before.st_size, digest.size, None, digest.sha256)
-    sha = _sha256(file, before)
+    sha = _sha256(file, before, reuse)
     status: Status = "ok" if sha == digest.sha256 else "modified"
     return FileVerdict(digest.name, status, before.st_size, digest.size, sha, digest.sha256)
 
 
-def _sha256(file: Path, before: os.stat_result) -> str:
-    key = _fingerprint(before)
-    with _lock:
-        known = _hashed.get(key)
-    if known is not None:
-        return known
+def _sha256(file: Path, before: os.stat_result, reuse: bool) -> str:
+    global _recorded
+    key = fingerprint(before)
+    if reuse:
+        with _lock:
+            if _recorded is None:
+                _recorded = read_record()
+            known = _hashed.get(key) or _recorded.get(key)
+        if known is not None:
+            return known
     sha = sha256_file(file)
     after = os.stat(file)
     # Any later write, truncate, utime or chmod sets ctime to the clock's time then: once the last change
     # is well in the past, an unchanged fingerprint means unchanged bytes.
-    if _fingerprint(after) == key and time.time_ns() - after.st_ctime_ns > _SETTLED_NS:
+    if fingerprint(after) == key and time.time_ns() - after.st_ctime_ns > _SETTLED_NS:
         with _lock:
             _hashed[key] = sha
     return sha

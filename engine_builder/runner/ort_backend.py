@@ -5,7 +5,7 @@ viewed as [rows, seq]), past_lengths (the KVCacheManager's own `lengths` row ran
 [rows, 1, vocab] and the KV cache. Decode bindings ([0, rows) with seq 1) are built once per row
 count and reused; a step then only writes the new token ids and positions.
 
-KV update, chosen from the graph (`kv_update_mode`):
+KV update, chosen from the graph (formats/kv_update_graph.py; the build records it in the graph's metadata):
   in_place  past_key.{i} and present_key.{i} are bound to the same address. GroupQueryAttention
             (com.microsoft, what the onnxruntime lowering pass emits) and TensorScatter-24 both
             detect the shared buffer and write only the new positions (onnxruntime 1.31's
@@ -14,21 +14,23 @@ KV update, chosen from the graph (`kv_update_mode`):
             safe, so present_* is bound to a second, preallocated buffer set. The graph then copies
             the whole cache into it every step (its semantics), and we copy back only the positions
             this step wrote (one per row in decode). No allocation either way.
-A model metadata entry trtbuild.kv_update = in_place | copy overrides the graph inspection.
+A model metadata entry trtbuild.kv_update = in_place | copy overrides the graph inspection; every build
+writes one, so a load reads it from the session's metadata without importing onnx.
 
 Graph optimization level: ENABLE_ALL for float32; BASIC for float16/bfloat16, because DESIGN §4
 records EXTENDED corrupting some fp16 graphs. Measured here (SmolLM2 and the tiny models, default
 and GroupQueryAttention graphs, 12 greedy steps vs ORT_DISABLE_ALL): every level gave the same
 tokens; fp32 max |Δlogit| <= 5e-5 at BASIC/EXTENDED/ALL, fp16 0.03-0.05 (fp16 noise) at all three.
-tests/runner/test_ort_backend.py keeps checking the shipped level of each dtype on SmolLM2.
+tests/runner/test_ort_backend.py keeps checking the shipped level of each dtype on SmolLM2. The levels
+live in formats/ort_graph_levels.py, shared with the build's prepacked twin (model.prepacked.onnx: the
+graph optimized at that level with its MatMul weights packed, loaded with optimizations off where the
+CPU and onnxruntime match: formats/ort_prepacked.py; ~0.25 s less CPU per SmolLM2 start).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -36,6 +38,9 @@ import onnxruntime as ort
 
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.formats.kv_update_graph import kv_update_mode, recorded_kv_update
+from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_level
+from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_MODEL, cpu_signature
 from engine_builder.runner.backend import Backend, KVUpdate, register_backend
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
@@ -43,13 +48,6 @@ from engine_builder.runner.ort_spinning import allow_spinning
 from engine_builder.util.cpu_cores import physical_cores
 from engine_builder.util.errors import InputError, UnsupportedError
 
-OPTIMIZATION_LEVELS = {
-    "float32": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    "float16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "bfloat16": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-}
-# (domain, op) that update a past/present pair bound to one buffer in place (onnxruntime 1.31)
-IN_PLACE_OPS = {("com.microsoft", "GroupQueryAttention"), ("", "TensorScatter"), ("ai.onnx", "TensorScatter")}
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
               "tensor(int8)": "int8"}  # int8: `convert --kv-cache int8`
 
@@ -57,8 +55,7 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 def session_options(dtype: str, threads: int | None = None,
                     level: ort.GraphOptimizationLevel | None = None) -> ort.SessionOptions:
     options = ort.SessionOptions()
-    options.graph_optimization_level = OPTIMIZATION_LEVELS.get(dtype, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) \
-        if level is None else level
+    options.graph_optimization_level = optimization_level(dtype) if level is None else level
     options.intra_op_num_threads = threads or physical_cores()
     # spin-wait between kernels only when the machine has idle cores for it (runner/ort_spinning.py)
     options.add_session_config_entry("session.intra_op.allow_spinning",
@@ -66,54 +63,19 @@ def session_options(dtype: str, threads: int | None = None,
     options.inter_op_num_threads = 1  # a decoder is one chain of ops: nothing to run in parallel
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: warnings would interleave with streamed text
-    # DQ -> MatMul fuses into MatMulNBits, which by default quantizes activations to int8 (~1%
-    # error, DESIGN §4); accuracy level 0 keeps them in the graph's float type
-    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    for key, value in GRAPH_CONFIG.items():  # e.g. MatMulNBits' accuracy level (formats/ort_graph_levels.py)
+        options.add_session_config_entry(key, value)
     return options
-
-
-def kv_update_mode(model_path: Path) -> tuple[KVUpdate, str]:
-    """Whether present_* may share past_*'s buffer, and why (metadata flag, else the producers)."""
-    import onnx
-
-    model = onnx.load(str(model_path), load_external_data=False)  # the graph only, not the weights
-    meta = {p.key: p.value for p in model.metadata_props}
-    flag = meta.get(io.META_KV_UPDATE)
-    if flag in ("in_place", "copy"):
-        return flag, f"model metadata {io.META_KV_UPDATE}={flag}"  # type: ignore[return-value]
-    producers = {out: node for node in model.graph.node for out in node.output}
-    ops: set[str] = set()
-    for output in model.graph.output:
-        if not output.name.startswith(("present_key.", "present_value.")):
-            continue
-        found = _producer_ops(producers.get(output.name), output.name)
-        bad = [op for op in found if op not in IN_PLACE_OPS]
-        if bad or not found:
-            what = "/".join(op for _, op in bad) or "no node (a graph input?)"
-            return "copy", f"{output.name} comes from {what}, not known to update a shared buffer in place"
-        ops |= {op for _, op in found}
-    return "in_place", f"present_* come from {', '.join(sorted(ops))}, which update a shared past/present buffer"
-
-
-def _producer_ops(node, name: str) -> list[tuple[str, str]]:
-    """(domain, op) producing `name`, looking through If into both branches."""
-    if node is None:
-        return []
-    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
-        return [(node.domain, node.op_type)]
-    index = list(node.output).index(name)
-    found = []
-    for attr in node.attribute:
-        if attr.name in ("then_branch", "else_branch"):
-            branch = attr.g
-            inner = branch.output[index].name
-            producers = {out: n for n in branch.node for out in n.output}
-            found += _producer_ops(producers.get(inner), inner) or [("", "<outer value>")]
-    return found
 
 
 def load_session(engine: EngineDir, threads: int | None = None,
                  optimization_level: ort.GraphOptimizationLevel | None = None) -> ort.InferenceSession:
+    """The twin's session: the build's prepacked graph where this CPU and onnxruntime can use it (weights
+    packed at build: formats/ort_prepacked.py), else model.onnx (and always when a level is asked for)."""
+    if optimization_level is None:
+        session = _prepacked_session(engine, threads)
+        if session is not None:
+            return session
     try:
         return ort.InferenceSession(str(engine.onnx_path),
                                     session_options(engine.twin_dtype, threads, optimization_level),
@@ -124,6 +86,21 @@ def load_session(engine: EngineDir, threads: int | None = None,
                f"its CPU kernels do not cover every {dtype} op: rebuild with --dtype float32 to run on CPU")
         raise UnsupportedError(f"onnxruntime {ort.__version__} cannot load {engine.onnx_path}: "
                                f"{str(exc).splitlines()[0]}; {fix}") from None
+
+
+def _prepacked_session(engine: EngineDir, threads: int | None) -> ort.InferenceSession | None:
+    graph = engine.path / PREPACKED_MODEL
+    if not graph.is_file():
+        return None
+    try:  # already optimized at the level a load would use: optimizing again would only cost time
+        session = ort.InferenceSession(str(graph), session_options(engine.twin_dtype, threads,
+                                                                   ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                                       providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 (onnxruntime's own types): model.onnx is the twin; this is a shortcut
+        return None
+    made_for = session.get_modelmeta().custom_metadata_map.get(META_PREPACKED_FOR)
+    # packed for another CPU or onnxruntime: unused before any run, model.onnx is loaded instead
+    return session if made_for is not None and made_for == cpu_signature() else None
 
 
 @register_backend(preference=0)
@@ -145,11 +122,7 @@ class OrtBackend(Backend):
                  optimization_level: ort.GraphOptimizationLevel | None = None,
                  kv_update: KVUpdate | None = None) -> None:
         self.engine = engine
-        with ThreadPoolExecutor(1, thread_name_prefix="kv-update") as pool:
-            # the graph's KV producers are read (onnx: ~0.1 s with its import) while onnxruntime, which
-            # releases the GIL, creates the session (cold start, issue 16)
-            inspected = pool.submit(kv_update_mode, engine.onnx_path) if kv_update is None else None
-            self.session = load_session(engine, threads, optimization_level)
+        self.session = load_session(engine, threads, optimization_level)
         layout = engine.twin_kv_layout
         _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)
         num_layers, max_seq = layout.num_layers, layout.max_seq
@@ -162,10 +135,10 @@ class OrtBackend(Backend):
         self.reprefill_after = io.reprefill_after(meta)
         self.all_logits = meta.get(io.META_ALL_LOGITS) == "true"
         self.logits_tail = io.logits_tail(meta)  # 1 << 30 with all_logits: every position
-        if inspected is not None:
-            self.kv_update, self.kv_update_reason = inspected.result()
-        else:
+        if kv_update is not None:
             self.kv_update, self.kv_update_reason = kv_update, "requested"
+        else:  # the build's record in the graph's metadata; engine dirs built before it: read the graph
+            self.kv_update, self.kv_update_reason = recorded_kv_update(meta) or kv_update_mode(engine.onnx_path)
         self._num_layers = num_layers
         self._kv_shape = layout.shape(0)[1:]  # [kv_heads, max_seq, head_dim]
         # Flat buffers viewed as [rows, seq]: a row range of a 2-D array would not be contiguous.

@@ -31,6 +31,9 @@ def test_plan_predicts_the_build_of_the_bundled_model(smollm2_gguf, smollm2_ckpt
     # build measured 23.7 MB with THP "madvise" and 36.4 MB on the CI machine)
     slack = max(0.2 * measured, 16e6)
     assert abs(plan["build_peak_bytes"] - measured) <= slack, (plan["build_peak_bytes"], measured, _thp())
+    # the engine dir holds the weights, model.onnx and the prepacked twin (the weights and their packed copies)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    assert (out / "model.prepacked.onnx.data").is_file() and abs(plan["engine_dir_bytes"] - size) <= 0.2 * size
 
 
 def test_plan_of_a_quantized_conversion_is_its_exact_size(model_dir, tmp_path):

@@ -1,7 +1,8 @@
 """`trtbuild run` on the CPU path loads no more than it needs: no torch, no TensorRT, no transformers (its
 import alone was ~0.5-0.9 s of SmolLM2's cold start; runner/fast_tokenizer.py reads tokenizer.json and renders
-the chat template itself), no build code (each seconds of import before the first token; benchmarks/cold_start.py
-times the whole)."""
+the chat template itself), no onnx (~0.16 s: the KV-update mode is read from the graph's metadata, which the
+build writes, through the onnxruntime session: formats/kv_update_graph.py), no build code (each seconds of
+import before the first token; benchmarks/cold_start.py times the whole)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ try:
     app()
 except SystemExit as exc:
     code = exc.code
-heavy = sorted(m for m in ("torch", "tensorrt", "tensorrt_rtx", "transformers", "onnx_ir", "passes", "converters")
+heavy = sorted(m for m in ("torch", "tensorrt", "tensorrt_rtx", "transformers", "onnx", "onnx_ir", "passes",
+                           "converters")
                if m in sys.modules)
 sys.stderr.write("\\n" + json.dumps({"code": code, "heavy": heavy}) + "\\n")
 """

@@ -59,7 +59,8 @@ def test_the_manifest_records_every_file_the_engine_reads(built):
     _, engine = built
     manifest = EngineManifest.load(engine)
     names = {d.name for d in manifest.files}
-    assert {"model.onnx", "rank0.safetensors"} <= names and not names & {"config.json", "tokenizer.json"}
+    assert {"model.onnx", "rank0.safetensors", "model.prepacked.onnx", "model.prepacked.onnx.data"} <= names
+    assert not names & {"config.json", "tokenizer.json"}
     for d in manifest.files:
         data = (engine / d.name).read_bytes()
         assert (d.size, d.sha256) == (len(data), hashlib.sha256(data).hexdigest())
@@ -140,7 +141,7 @@ def test_a_dir_sharing_the_checkpoints_inode_refuses_once_the_checkpoint_is_edit
     assert trtbuild("verify", engine).returncode == 2
 
 
-def test_a_load_skips_rehashing_only_an_inode_unchanged_since_this_process_hashed_it(built, monkeypatch):
+def test_a_load_skips_rehashing_only_an_inode_unchanged_since_this_process_hashed_it(built, monkeypatch, tmp_path):
     _, engine = built
     hashed = []
 
@@ -151,6 +152,8 @@ def test_a_load_skips_rehashing_only_an_inode_unchanged_since_this_process_hashe
     sha256 = engine_integrity.sha256_file
     monkeypatch.setattr(engine_integrity, "sha256_file", counting)
     monkeypatch.setattr(engine_integrity, "_hashed", {})
+    monkeypatch.setattr(engine_integrity, "_recorded", None)
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(engine_integrity, "_SETTLED_NS", 0)  # the files were written just now
     EngineDir.load(engine)
     first = len(hashed)
@@ -162,6 +165,71 @@ def test_a_load_skips_rehashing_only_an_inode_unchanged_since_this_process_hashe
     with pytest.raises(InputError, match="rank0.safetensors is modified"):
         EngineDir.load(engine)
     assert hashed[first:] == ["rank0.safetensors"]
+
+
+def test_the_per_user_record_spares_the_next_process_hashing_but_not_an_edited_or_replaced_file(
+        built, monkeypatch, tmp_path):
+    """What one load verified in full, the next process's load does not hash again (issue 16's cold start),
+    while any later write to a file, or a file put in its place, is still refused before any token; and
+    `trtbuild verify` hashes every file whatever the record says."""
+    _, engine = built
+    weights = engine / "rank0.safetensors"
+    hashed = []
+
+    def counting(path):
+        hashed.append(path.name)
+        return sha256(path)
+
+    def new_process():  # what a fresh process starts with: nothing hashed in memory, the record on disk
+        monkeypatch.setattr(engine_integrity, "_hashed", {})
+        monkeypatch.setattr(engine_integrity, "_recorded", None)
+
+    sha256 = engine_integrity.sha256_file
+    monkeypatch.setattr(engine_integrity, "sha256_file", counting)
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(engine_integrity, "_SETTLED_NS", 0)  # the files were written just now
+    names = sorted(d.name for d in EngineManifest.load(engine).files)
+    new_process()
+    EngineDir.load(engine)
+    assert sorted(hashed) == names
+    record = tmp_path / "cache" / "verified-files.json"
+    assert record.stat().st_mode & 0o777 == 0o600 and len(json.loads(record.read_text())["files"]) == len(names)
+
+    new_process()
+    EngineDir.load(engine, verify="overlap").wait_verified()  # how `run` loads
+    assert sorted(hashed) == names  # nothing hashed again
+
+    time.sleep(0.05)  # past the clock's tick: the edit below moves ctime
+    before = weights.stat()
+    flip_byte(weights)  # edited in place: same inode, size and (set back) mtime; only ctime tells
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    new_process()
+    with pytest.raises(InputError, match="rank0.safetensors is modified"):
+        EngineDir.load(engine, verify="overlap").wait_verified()
+    assert hashed[len(names):] == ["rank0.safetensors"]
+    flip_byte(weights)  # back to the build's bytes; then replaced by a changed copy with the old mtime
+    new_process()
+    EngineDir.load(engine)
+    mtime = weights.stat().st_mtime_ns
+    shutil.copyfile(weights, tmp_path / "swap")
+    flip_byte(tmp_path / "swap")
+    os.utime(tmp_path / "swap", ns=(mtime, mtime))
+    os.replace(tmp_path / "swap", weights)
+    new_process()
+    with pytest.raises(InputError, match="rank0.safetensors is modified"):
+        EngineDir.load(engine)
+
+    # a record vouching for the changed file (it is the user's own file, as trusted as the dir): a load
+    # believes it, `trtbuild verify` does not read it
+    entry = [*engine_integrity.fingerprint(weights.stat()),
+             next(d.sha256 for d in EngineManifest.load(engine).files if d.name == "rank0.safetensors")]
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "files": [*data["files"], entry]}))
+    new_process()
+    EngineDir.load(engine)
+    proc = trtbuild("verify", engine, "--json")
+    assert proc.returncode == 2
+    assert {f["name"]: f["status"] for f in json.loads(proc.stdout)["files"]}["rank0.safetensors"] == "modified"
 
 
 def test_link_weights_own_copy_gives_the_engine_its_own_inode(built, tmp_path):

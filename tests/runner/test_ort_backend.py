@@ -12,8 +12,12 @@ from onnx import TensorProto, helper
 from runner_engines import GQA_PASSES, build_engine
 
 from engine_builder.formats import graph_io as io
+from engine_builder.formats.manifest import EngineManifest
+from engine_builder.formats.ort_graph_levels import OPTIMIZATION_LEVELS
+from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, cpu_signature
+from engine_builder.runner import ort_backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.ort_backend import OPTIMIZATION_LEVELS, OrtBackend, kv_update_mode
+from engine_builder.runner.ort_backend import OrtBackend, kv_update_mode
 from engine_builder.util.cpu_cores import _cores_from_cpuinfo, physical_cores
 from engine_builder.util.errors import UnsupportedError
 
@@ -106,6 +110,10 @@ def test_kv_update_mode_from_graph_and_metadata(tiny_engine, tmp_path):
     assert kv_update_mode(default / "model.onnx")[0] == "in_place"
     mode, why = kv_update_mode(gqa / "model.onnx")
     assert mode == "in_place" and "GroupQueryAttention" in why
+    # the build recorded both in the graph's metadata, where a load reads them without importing onnx
+    meta = {p.key: p.value for p in onnx.load(str(gqa / "model.onnx"), load_external_data=False).metadata_props}
+    assert (meta["trtbuild.kv_update"], meta["trtbuild.kv_update_reason"]) == (mode, why)
+    assert OrtBackend(EngineDir.load(gqa)).kv_update_reason == why
     # a producer we know nothing about: copy semantics
     shape = [None, 2, 8, 4]
     graph = helper.make_graph(
@@ -122,12 +130,34 @@ def test_kv_update_mode_from_graph_and_metadata(tiny_engine, tmp_path):
     assert kv_update_mode(tmp_path / "flagged.onnx") == ("in_place", "model metadata trtbuild.kv_update=in_place")
 
 
-def test_session_uses_physical_cores_and_the_level_for_its_dtype(tiny_engine):
+def test_session_uses_physical_cores_and_the_level_for_its_dtype(tiny_engine, monkeypatch):
     engine, _ = tiny_engine("llama")
+    # the build's prepacked twin, optimized at the float32 level when it was saved: loaded as it is
     backend = OrtBackend(EngineDir.load(engine))
+    assert backend.session.get_modelmeta().custom_metadata_map[META_PREPACKED_FOR] == cpu_signature()
     options = backend.session.get_session_options()
     assert options.intra_op_num_threads == physical_cores()
-    assert options.graph_optimization_level == OPTIMIZATION_LEVELS["float32"]
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # packed on another CPU or onnxruntime: model.onnx, optimized at load
+    monkeypatch.setattr(ort_backend, "cpu_signature", lambda: "onnxruntime 0.0; another cpu")
+    backend = OrtBackend(EngineDir.load(engine))
+    assert META_PREPACKED_FOR not in backend.session.get_modelmeta().custom_metadata_map
+    assert backend.session.get_session_options().graph_optimization_level == OPTIMIZATION_LEVELS["float32"]
+
+
+def test_the_prepacked_twin_gives_the_logits_of_model_onnx(tiny_engine):
+    """model.prepacked.onnx (written by the build for float32 twins) steps exactly as model.onnx does."""
+    engine, _ = tiny_engine("llama")
+    assert {"model.prepacked.onnx", "model.prepacked.onnx.data"} <= {d.name for d in
+                                                                      EngineManifest.load(engine).files}
+    packed = OrtBackend(EngineDir.load(engine))
+    plain = OrtBackend(EngineDir.load(engine), optimization_level=OPTIMIZATION_LEVELS["float32"])
+    assert META_PREPACKED_FOR in packed.session.get_modelmeta().custom_metadata_map
+    assert META_PREPACKED_FOR not in plain.session.get_modelmeta().custom_metadata_map
+    (tokens, seen), (ref_tokens, ref_seen) = _run_backend(packed, steps=8), _run_backend(plain, steps=8)
+    assert tokens == ref_tokens
+    for got, want in zip(seen, ref_seen):
+        np.testing.assert_array_equal(np.array(got), np.array(want))
 
 
 def test_physical_cores_counts_cores_not_hyperthreads(tmp_path):
@@ -165,5 +195,6 @@ def test_unloadable_model_is_a_clear_error(tiny_engine, tmp_path):
     broken = tmp_path / "engine"
     shutil.copytree(engine, broken)
     (broken / "model.onnx").write_bytes(b"not an onnx model")
+    (broken / "model.prepacked.onnx").unlink()  # the shortcut it would load instead
     with pytest.raises(UnsupportedError, match=r"cannot load .*model.onnx.*rebuild the engine dir"):
         OrtBackend(EngineDir.load(broken, verify=False))  # verified, the load refuses it first (its sha256)
