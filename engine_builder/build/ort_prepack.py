@@ -18,12 +18,17 @@ from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_l
 from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_DATA, PREPACKED_MODEL, cpu_signature
 from engine_builder.util.errors import UnsupportedError
 
+# The prepacked data holds the float32 weights twice more: worth it for a small model, whose first token is
+# mostly session creation, not for a large one, whose disk doubles for a start dominated by reading weights.
+MAX_WEIGHT_BYTES = 2 << 30
 
-def prepacked_twin_wanted(twin_dtype: str, scheme: str, kv_layout: str) -> bool:
-    """float32 twins of unquantized checkpoints with the slots KV layout: the CPU default that issue 16's cold
-    start measured, where the packing is the weights' whole size. (Quantized twins pack MatMulNBits blocks,
-    paged ones bind a pool: not measured, they load model.onnx as before.)"""
-    return twin_dtype == "float32" and scheme == "none" and kv_layout == "slots"
+
+def prepacked_twin_wanted(twin_dtype: str, scheme: str, kv_layout: str, float32_weight_bytes: int) -> bool:
+    """float32 twins of unquantized checkpoints up to MAX_WEIGHT_BYTES with the slots KV layout: the CPU
+    default that issue 16's cold start measured, where the packing is the weights' whole size. (Quantized
+    twins pack MatMulNBits blocks, paged ones bind a pool: not measured, they load model.onnx as before.)"""
+    return (twin_dtype == "float32" and scheme == "none" and kv_layout == "slots"
+            and float32_weight_bytes <= MAX_WEIGHT_BYTES)
 
 
 IN_PROCESS_BYTES = 64 << 20

@@ -185,10 +185,12 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
-        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout):
+        # unquantized weights as the float32 twin holds them (a bfloat16 checkpoint's take twice its bytes)
+        weight_bytes = (tmp / WEIGHTS_FILE).stat().st_size * (1 if checkpoint.dtype == "float32" else 2)
+        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout, weight_bytes):
             (stage or (lambda _: None))("prepacked onnxruntime twin")
             # run loads it without packing the weights (build/ort_prepack.py)
-            write_prepacked_twin(tmp, twin, (tmp / WEIGHTS_FILE).stat().st_size)
+            write_prepacked_twin(tmp, twin, weight_bytes)
         result = build_result(out, config, lowered, started, peak)
         manifest = manifest_of(config, result, tmp, model=checkpoint.model,
                                quantization=_quantization(checkpoint, tmp / ORT_MODEL),
