@@ -13,7 +13,9 @@ checked identical to the plain greedy tokens (the script fails otherwise).
          HF prompt lookup >= 1.5x ngram's time. Measured twice: forced to --max-new-tokens (ignore_eos: the
          answer, then made-up text after the model's end of turn), and "answer": until the end of turn.
   draft  free text (a story) with an int4 build of the same checkpoint (`convert --quant int4_wo`, or with
-         --draft-quant gguf the GGUF's own Q4_1 blocks) drafting for the float32 target. Target: >= 1.5x.
+         --draft-quant gguf the GGUF's own Q4_1 blocks; gguf_draft: those with an int8 lm_head at int8
+         activations) drafting for the float32 target; --draft-quant a,b times both drafts interleaved.
+         Target: >= 1.5x.
   costs  what bounds the draft target: one target step, a verify step of w tokens and one draft step (in
          target steps), the draft's acceptance, and the best speed-up they allow (see step_costs).
   worst  a proposer whose drafts are never accepted (random token ids), adaptive draft length vs plain
@@ -40,23 +42,36 @@ COPY_TASK = f"Repeat the following paragraph exactly, word for word:\n\n{COPY_TE
 STORY_TASK = "Write a short story about a fox who finds a lost key in the forest."
 
 
-def build_engines(work: Path, draft_quant: str = "int4_wo") -> dict[str, Path]:
+# --draft-quant -> (engine dir name, `trtbuild convert` options, `trtbuild build --twin-accuracy`); the names
+# of earlier runs' dirs are kept so --work reuses them
+DRAFTS = {"int4_wo": ("int4", {"quant": "int4_wo", "group_size": 64}, "auto"),
+          "gguf": ("int4-gguf", {"quant": "gguf"}, "auto"),
+          "gguf_draft": ("int4-gguf-draft", {"quant": "gguf", "lm_head": "int8"}, "draft"),
+          "int8_wo": ("int8", {"quant": "int8_wo"}, "auto")}
+
+
+def build_engines(work: Path, draft_quants: tuple[str, ...] = ("int4_wo",)) -> dict:
+    """{"float32": the target's engine dir, "drafts": {draft quant: its engine dir}}, built once in WORK."""
     from converters.convert import convert
     from engine_builder.build.pipeline import build
-    from engine_builder.formats.build_config import BuildConfig, Limits
+    from engine_builder.formats.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
+    from engine_builder.formats.twin_accuracy import with_twin_accuracy
     from engine_builder.util.bundled import smollm2_gguf
 
     limits = Limits(max_batch=1, max_input_len=512, max_seq_len=1024)
-    out = {}
-    drafts = {"int4_wo": "int4", "gguf": "int4-gguf", "int8_wo": "int8"}  # engine dir names of earlier runs kept
-    for name, quant in (("float32", "none"), ("draft", draft_quant)):
-        name = drafts.get(quant, name)
+    out: dict = {"drafts": {}}
+    for quant in ("none", *draft_quants):
+        name, options, accuracy = DRAFTS[quant] if quant != "none" else ("float32", {}, "auto")
         ckpt, engine = work / f"ckpt-{name}", work / f"engine-{name}"
         if not ckpt.exists():
-            convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, group_size=64 if quant == "int4_wo" else None)
+            convert(smollm2_gguf(), ckpt, dtype="float32", **options)
         if not engine.exists():
-            build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits))
-        out["float32" if quant == "none" else "draft"] = engine
+            passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], accuracy))
+            build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits, passes=passes))
+        if quant == "none":
+            out["float32"] = engine
+        else:
+            out["drafts"][quant] = engine
     return out
 
 
@@ -137,22 +152,24 @@ def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
 
     plain = LLM(engines["float32"], threads=threads)
     ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
-    specs = {label: LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
-        "draft", draft_engine=str(engines["draft"]), num_draft_tokens=k))
-        for label, k in (("adaptive", None), ("k4", 4), ("k11", 11))}
-    r = timed({"plain": ours(plain, ids, max_new_tokens),
-               "draft_alone": ours(LLM(engines["draft"], threads=threads), ids, max_new_tokens),
-               **{label: ours(llm, ids, max_new_tokens) for label, llm in specs.items()}}, runs)
+    specs, fns = {}, {"plain": ours(plain, ids, max_new_tokens)}
+    for quant, engine in engines["drafts"].items():  # every draft interleaved with plain and the others
+        fns[f"{quant}/draft_alone"] = ours(LLM(engine, threads=threads), ids, max_new_tokens)
+        for label, k in (("adaptive", None), ("k4", 4), ("k11", 11)):
+            specs[quant, label] = llm = LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
+                "draft", draft_engine=str(engine), num_draft_tokens=k))
+            fns[f"{quant}/{label}"] = ours(llm, ids, max_new_tokens)
+    r = timed(fns, runs)
     t_plain, want = r["plain"]
-    out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain,
-           "draft_alone_s": r["draft_alone"][0]}
-    for label, llm in specs.items():
-        t_spec, got = r[label]
-        assert got.token_ids == want.token_ids, "draft speculation changed the greedy tokens"
-        out[f"draft_{label}_s"] = t_spec
-        out[f"speedup_{label}"] = t_plain / t_spec
-        out[f"speculative_{label}"] = llm.generator.stats.to_json()
-    out["text"] = want.text[:120]
+    out = {"prompt_tokens": len(ids), "new_tokens": len(want.token_ids), "plain_s": t_plain, "text": want.text[:120]}
+    for quant in engines["drafts"]:
+        row = out[quant] = {"draft_alone_s": r[f"{quant}/draft_alone"][0]}
+        for label in ("adaptive", "k4", "k11"):
+            t_spec, got = r[f"{quant}/{label}"]
+            assert got.token_ids == want.token_ids, f"{quant} draft speculation changed the greedy tokens"
+            row[f"draft_{label}_s"] = t_spec
+            row[f"speedup_{label}"] = t_plain / t_spec
+            row[f"speculative_{label}"] = specs[quant, label].generator.stats.to_json()
     return out
 
 
@@ -167,18 +184,19 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     from engine_builder import LLM
     from engine_builder.runner.speculative import SpeculativeConfig
 
-    target, draft = LLM(engines["float32"], threads=threads), LLM(engines["draft"], threads=threads)
-    ids = target.encode_chat([{"role": "user", "content": STORY_TASK}])
+    llms = {"target": LLM(engines["float32"], threads=threads),
+            **{quant: LLM(engine, threads=threads) for quant, engine in engines["drafts"].items()}}
+    ids = llms["target"].encode_chat([{"role": "user", "content": STORY_TASK}])
     slots = {}
-    for name, llm in (("target", target), ("draft", draft)):
+    for name, llm in llms.items():
         slots[name] = slot = llm.backend.kv.allocate(0, len(ids), max_new_tokens + 16)
         llm.backend.step(slot, np.asarray([ids], np.int64))
         llm.backend.kv.advance(slot, len(ids))
-    shapes = [("target", w) for w in (1, 2, 3, 5, 8, 12, 16)] + [("draft", 1)]
+    shapes = [("target", w) for w in (1, 2, 3, 5, 8, 12, 16)] + [(quant, 1) for quant in engines["drafts"]]
     times: dict[tuple[str, int], list[float]] = {shape: [] for shape in shapes}
     for _ in range(max(5, 4 * runs)):
         for name, w in shapes:
-            backend = (target if name == "target" else draft).backend
+            backend = llms[name].backend
             backend.bind(slots[name], np.full((1, w), 500, np.int64))  # written past the length: never kept
             started = time.perf_counter()
             backend.execute()
@@ -186,24 +204,27 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     med = {shape: statistics.median(t) for shape, t in times.items()}
     t1 = med["target", 1]
     verify = {w: med["target", w] / t1 for (name, w) in shapes if name == "target"}
-    c = med["draft", 1] / t1
-    spec = LLM(engines["float32"], threads=threads,
-               speculative=SpeculativeConfig("draft", draft_engine=str(engines["draft"]), num_draft_tokens=4))
-    ours(spec, ids, max_new_tokens)()
-    alpha = spec.generator.stats.to_json()["acceptance_rate"]
+    out: dict = {"t1_ms": round(t1 * 1e3, 1), "verify_in_t1": {w: round(v, 2) for w, v in verify.items()}}
+    for quant, engine in engines["drafts"].items():
+        c = med[quant, 1] / t1
+        spec = LLM(engines["float32"], threads=threads,
+                   speculative=SpeculativeConfig("draft", draft_engine=str(engine), num_draft_tokens=4))
+        ours(spec, ids, max_new_tokens)()
+        alpha = spec.generator.stats.to_json()["acceptance_rate"]
 
-    def best(a: float) -> tuple[int, float]:
-        rates = {k: (k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)) / (k * c + verify[k + 1])
-                 for k in (1, 2, 4, 7, 11, 15) if k + 1 in verify}
-        k = max(rates, key=rates.get)
-        return k, rates[k]
+        def best(a: float, c: float = c) -> tuple[int, float]:
+            rates = {k: (k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)) / (k * c + verify[k + 1])
+                     for k in (1, 2, 4, 7, 11, 15) if k + 1 in verify}
+            k = max(rates, key=rates.get)
+            return k, rates[k]
 
-    k, speedup = best(alpha)
-    return {"t1_ms": round(t1 * 1e3, 1), "verify_in_t1": {w: round(v, 2) for w, v in verify.items()},
-            "draft_step_in_t1": round(c, 3), "draft_acceptance_k4": alpha, "best_k": k,
-            "best_decode_speedup": round(speedup, 2), "best_speedup_if_every_draft_accepted": round(best(1.0)[1], 2),
-            "draft_step_in_t1_needed_for_1.5x_at_full_acceptance": round(
-                max(((k + 1) / 1.5 - verify[k + 1]) / k for k in (4, 7, 11, 15)), 3)}
+        k, speedup = best(alpha)
+        out[quant] = {"draft_step_in_t1": round(c, 3), "draft_acceptance_k4": alpha, "best_k": k,
+                      "best_decode_speedup": round(speedup, 2),
+                      "best_speedup_if_every_draft_accepted": round(best(1.0)[1], 2)}
+    out["draft_step_in_t1_needed_for_1.5x_at_full_acceptance"] = round(
+        max(((k + 1) / 1.5 - verify[k + 1]) / k for k in (4, 7, 11, 15)), 3)
+    return out
 
 
 class NeverAccepted:
@@ -261,17 +282,23 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtbuild-bench-speculative"))
     parser.add_argument("--parts", default="copy,draft,worst")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime and torch threads (default: cores)")
-    parser.add_argument("--draft-quant", default="int4_wo", choices=("int4_wo", "gguf", "int8_wo"),
-                        help="the draft's quantization: int4_wo (re-quantized, RTN, group 64), gguf (the GGUF's own "
-                             "Q4_1 blocks: the float32 target's exact weights, in int4; onnxruntime computes them "
-                             "with float activations) or int8_wo (per channel, int8 activations)")
+    parser.add_argument("--draft-quant", default="int4_wo",
+                        help="the drafts, comma-separated (each timed interleaved with the others): int4_wo "
+                             "(re-quantized, RTN, group 64), gguf (the GGUF's own Q4_1 blocks: the float32 target's "
+                             "exact weights, in int4; onnxruntime computes them with float activations), gguf_draft "
+                             "(the same blocks with an int8 lm_head, `convert --quant gguf --lm-head int8`, built "
+                             "with `--twin-accuracy draft`: int8 activations) or int8_wo (per channel, int8 "
+                             "activations)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from engine_builder.util.cpu_cores import physical_cores
 
     threads = args.threads or physical_cores()
     args.work.mkdir(parents=True, exist_ok=True)
-    engines = build_engines(args.work, args.draft_quant)
+    drafts = tuple(args.draft_quant.split(","))
+    if bad := [q for q in drafts if q not in DRAFTS]:
+        parser.error(f"--draft-quant {','.join(bad)}: choose from {', '.join(DRAFTS)}")
+    engines = build_engines(args.work, drafts)
     parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case, "costs": step_costs}
     results = {"threads": threads, "runs": args.runs, "max_new_tokens": args.max_new_tokens}
     for name in args.parts.split(","):

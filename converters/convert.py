@@ -18,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from converters.parallel_shard import shard_checkpoint
 from converters.quantize import gguf_blocks
 from converters.quantize.quant_options import QuantOptions, select_linears
@@ -67,7 +69,12 @@ class ConversionPlan:
 
     def gguf_blocks(self, t: PlannedTensor) -> bool:
         """Is planned tensor `t` a linear weight kept as the GGUF's own 4-bit blocks?"""
-        return self.quantization.scheme == "gguf" and t.name.removesuffix(".weight") in self.quantization.quantized
+        return (self.quantization.scheme == "gguf" and t.name.removesuffix(".weight") in self.quantization.quantized
+                and not self.int8_lm_head(t))
+
+    def int8_lm_head(self, t: PlannedTensor) -> bool:
+        """Is planned tensor `t` lm_head stored int8 beside the GGUF's blocks (--quant gguf --lm-head int8)?"""
+        return self.quantization.scheme == "gguf" and self.quantization.lm_head == "int8" and t.name == "lm_head.weight"
 
     @property
     def total_bytes(self) -> int:
@@ -98,10 +105,12 @@ class ConvertResult:
     precision: dict[str, str] | None = None  # embeddings / body / lm_head -> precision (formats/precision.py)
 
 
-def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str, ...] = ()) -> ConversionPlan:
+def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str, ...] = (),
+         lm_head: str | None = None) -> ConversionPlan:
     """Open SRC, normalize its config and map every tensor; reads no tensor data.
 
-    QUANT "gguf" keeps the 4-bit blocks of a GGUF source (but the linears EXCLUDE matches) as they are."""
+    QUANT "gguf" keeps the 4-bit blocks of a GGUF source (but the linears EXCLUDE matches) as they are;
+    with LM_HEAD "int8" lm_head is stored int8 per output channel instead."""
     if dtype != "auto" and dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     source = open_source(Path(src))
@@ -127,7 +136,9 @@ def plan(src: Path, dtype: str = "auto", quant: str = "none", exclude: tuple[str
         dtype = _auto_dtype(conversion, infos)
     kept = Quantization()
     if quant == "gguf":
-        kept = gguf_blocks.quantization_block(*gguf_blocks.kept_linears(source, model, conversion.tensors, exclude))
+        lm_int8 = lm_head == "int8"
+        kept = gguf_blocks.quantization_block(*gguf_blocks.kept_linears(source, model, conversion.tensors, exclude,
+                                                                        lm_int8), lm_int8)
     return ConversionPlan(source, model, conversion, dtype, infos, fmt, kept)
 
 
@@ -164,7 +175,7 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
     quantizing = options.quantizing and options.scheme != "gguf"
     # only a scheme's weights default to float32; a KV cache's scales are float32 whatever the weights
     cp = plan(src, "float32" if options.scheme != "none" and dtype == "auto" else dtype, options.scheme,
-              options.exclude)
+              options.exclude, options.lm_head)
     mapping = ParallelMapping(tp, pp)
     mapping.check(cp.model)  # a mapping the model cannot divide fails before any work, with the valid values
     if mapping.world_size > 1 and (options.quantizing or cp.prequantized or cp.quantization.scheme != "none"):
@@ -264,14 +275,22 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
             layout += prequantized.linear_layout(t, cp.dtype, cp.prequantized.group_size, sym)
         elif cp.gguf_blocks(t):
             layout += gguf_blocks.linear_layout(t, cp.dtype)
+        elif cp.int8_lm_head(t):
+            layout += gguf_blocks.int8_lm_head_layout(t.shape, cp.dtype)
         else:
             layout.append((t.name, cp.dtype, t.shape))
+    tied_int8_head = cp.quantization.lm_head == "int8" and all(t.name != "lm_head.weight" for t in cp.plan.tensors)
+    if tied_int8_head:  # a tied lm_head gets its own int8 table, last (the embedding stays float for the gather)
+        embed = next(t for t in cp.plan.tensors if t.name == "embed.weight")
+        layout += gguf_blocks.int8_lm_head_layout(embed.shape, cp.dtype)
     with StreamingSafetensorsWriter(out / WEIGHTS_FILE, layout, {"format": "pt"}) as writer:
         for t in cp.plan.tensors:
             if cp.packed(t):
                 prequantized.append_linear(cp.source, writer, t, cp.prequantized, cp.dtype, sym)
             elif cp.gguf_blocks(t):
                 gguf_blocks.append_linear(cp.source, writer, t, cp.dtype)
+            elif cp.int8_lm_head(t):
+                gguf_blocks.append_int8_lm_head(writer, _float_tensor(cp, t), cp.dtype)
             else:
                 for name, transform in zip(t.sources, t.transforms or (None,) * len(t.sources)):
                     if transform is None:
@@ -287,6 +306,8 @@ def _write_checkpoint(cp: ConversionPlan, out: Path, hashes: dict[Path, Future[s
                 continue
             if progress:
                 progress("converting", math.prod(t.shape) * itemsize, cp.total_bytes)
+        if tied_int8_head:
+            gguf_blocks.append_int8_lm_head(writer, _float_tensor(cp, embed), cp.dtype)
     tokenizer_files = cp.source.write_tokenizer(out)
     if "generation_config.json" not in tokenizer_files:
         if _write_generation_config(out, cp.source.hf_config):
@@ -333,6 +354,17 @@ def _write_part(source: Source, writer: StreamingSafetensorsWriter, canonical: s
             part = torch.frombuffer(buffer, dtype=src_dtype, count=n // src_dtype.itemsize)  # flat
             writer.append(canonical, part.to(dst_dtype))
             nbytes -= n
+
+
+def _float_tensor(cp: ConversionPlan, t: PlannedTensor) -> np.ndarray:
+    """Planned tensor `t` whole, as float32 (its parts loaded, re-laid out and stacked by rows)."""
+    import torch
+
+    parts = []
+    for name, transform in zip(t.sources, t.transforms or (None,) * len(t.sources)):
+        w = cp.source.load(name)
+        parts.append((transform.apply(w, cp.model) if transform is not None else w).to(torch.float32))
+    return torch.cat(parts).reshape(t.shape).numpy()
 
 
 def _check_float(name: str, source_dtype: str) -> None:

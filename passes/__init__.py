@@ -13,6 +13,7 @@ from passes import (  # noqa: F401
     lower_ort_attention,
     lower_ort_matmul_transb,
     lower_ort_matmulnbits,
+    lower_ort_matmulnbits_draft,
     lower_ort_matmulnbits_exact,
     lower_ort_moe,
     lower_ort_norms,

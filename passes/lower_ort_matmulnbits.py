@@ -30,6 +30,8 @@ computed from the exact activations beside the codes' share, so at level 4 the i
 block's activations is no longer weighted by the weights but by weights minus offset, and the error of
 a block adds up instead of cancelling (measured on SmolLM2: eval KL 0.004, but the chat answer to "What
 is the capital of France?" turned to French gibberish; level 0 is exact and answers "Paris").
+lower_ort_matmulnbits_draft applies level 4 to them as well, for a speculative draft, which need not be
+exact (the target verifies every token).
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ def _view(stored: ir.ExternalTensor, name: str, shape: tuple[int, ...]) -> ir.Ex
 
 
 class DequantizedMatMul(pattern.RewriteRuleClassBase):
-    def __init__(self, accuracy_level: int):
-        super().__init__(f"DequantizedMatMul_level{accuracy_level}")
+    def __init__(self, accuracy_level: int, offsets_too: bool = False):
+        super().__init__(f"DequantizedMatMul_level{accuracy_level}{'_offsets' if offsets_too else ''}")
         self.accuracy_level = accuracy_level
+        self.offsets_too = offsets_too  # the level applies to linears with block offsets as well
 
     def pattern(self, op, x, w, scale):
         weight = op.DequantizeLinear(w, scale, _allow_other_inputs=True, _allow_other_attributes=True,
@@ -157,7 +160,7 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
             inputs.append(op.initializer(zero_view, zero_view.name))
         # see the module docstring for both exceptions
         offsets = w.graph is not None and w.name.removesuffix(".weight") + ".weight_offset" in w.graph.initializers
-        level = self.accuracy_level if dtype == ir.DataType.FLOAT and not offsets else 0
+        level = self.accuracy_level if dtype == ir.DataType.FLOAT and (self.offsets_too or not offsets) else 0
         return op.MatMulNBits(*inputs, _domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block,
                               accuracy_level=level)
 
@@ -171,9 +174,10 @@ class LowerOrtMatMulNBits(OrtContribRewritePass):
     name = "lower_ort_matmulnbits"
     description = "DequantizeLinear -> Transpose -> MatMul (int4 / int8 weights) -> com.microsoft MatMulNBits"
     accuracy_level: ClassVar[int] = 4
+    offsets_too: ClassVar[bool] = False  # lower_ort_matmulnbits_draft: level 4 for block offsets as well
 
     def rules(self) -> Sequence[pattern.RewriteRule]:
-        return [DequantizedMatMul.rule(self.accuracy_level)]
+        return [DequantizedMatMul.rule(self.accuracy_level, self.offsets_too)]
 
     def apply(self, model: ir.Model) -> int:
         count = super().apply(model)

@@ -96,12 +96,15 @@ def write_tiny_llama(path: Path, tensors: dict[str, tuple[np.ndarray, Q]], arch:
     return path
 
 
-def tiny_gguf(path: Path, types: dict[str, Q], default: Q = Q.Q4_1) -> Path:
+def tiny_gguf(path: Path, types: dict[str, Q], default: Q = Q.Q4_1, tied: bool = False) -> Path:
     """A tiny llama GGUF (with a tokenizer) whose 2-D tensors are stored as `types` says (by GGUF name,
     else `default`), from the same random weights every time, scaled by 1/sqrt(inputs) as a trained
-    model's are, so activations and logits stay near 1 through the layers."""
+    model's are, so activations and logits stay near 1 through the layers. tied: no output.weight (the
+    head multiplies by token_embd, as SmolLM2's)."""
     stored = {}
     for hf, w in hf_weights(np.random.default_rng(11), ternary=False).items():
+        if tied and hf == "lm_head.weight":
+            continue
         w = w / np.sqrt(w.shape[1]) if w.ndim == 2 else w
         if (n_head := n_head_if_permuted(hf)) is not None:
             w = llama_cpp_permute(w, n_head)

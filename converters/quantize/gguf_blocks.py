@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from converters.quantize.quant_options import split_excluded
+from converters.quantize.scheme import get_scheme
 from converters.registry import PlannedTensor
 from converters.sources.gguf_codes import BLOCK, BLOCK_BYTES
 from engine_builder.formats.checkpoint import linear_prefixes
@@ -36,9 +39,10 @@ if TYPE_CHECKING:
     from converters.sources.source import Source
 
 def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTensor, ...],
-                 exclude: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                 exclude: tuple[str, ...], lm_int8: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(linears whose every part is a Q4_0/Q4_1/Q4_K tensor, the other linears) by canonical prefix; the
-    first are stored as blocks, the rest float. --exclude patterns send a linear to the second."""
+    first are stored as blocks, the rest float. --exclude patterns send a linear to the second; with
+    LM_INT8 (--lm-head int8) lm_head is in neither: it is stored int8 (append_int8_lm_head)."""
     if source.kind != "gguf":
         raise InputError(f"--quant gguf keeps a GGUF file's own 4-bit blocks, but the source is a {source.kind} "
                          f"checkpoint; use --quant int4_awq (or int4_wo) to quantize it")
@@ -47,7 +51,7 @@ def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTenso
     _, excluded = split_excluded(linear_prefixes(model), exclude)
     kept, floats = [], []
     for p in linear_prefixes(model):
-        if f"{p}.weight" not in planned:  # a tied lm_head
+        if f"{p}.weight" not in planned or (lm_int8 and p == "lm_head"):  # a tied or an int8 lm_head
             continue
         blocks = all(types[s] in BLOCK_BYTES for s in planned[f"{p}.weight"].sources)
         (kept if blocks and p not in excluded else floats).append(p)
@@ -59,7 +63,10 @@ def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTenso
     return tuple(kept), tuple(floats)
 
 
-def quantization_block(kept: tuple[str, ...], floats: tuple[str, ...]) -> Quantization:
+def quantization_block(kept: tuple[str, ...], floats: tuple[str, ...], lm_int8: bool = False) -> Quantization:
+    if lm_int8:
+        return Quantization(scheme="gguf", weight_bits=4, group_size=BLOCK, quantized=(*kept, "lm_head"),
+                            excluded=floats, lm_head="int8")
     return Quantization(scheme="gguf", weight_bits=4, group_size=BLOCK, quantized=kept, excluded=floats)
 
 
@@ -80,3 +87,17 @@ def append_linear(source: GGUFSource, writer: StreamingSafetensorsWriter, t: Pla
     for suffix, i in (("weight_scale", 1), ("weight_offset", 2)):
         for part in parts:
             writer.append(f"{prefix}.{suffix}", part[i].astype(FLOAT_DTYPES[dtype]))  # [rows, in/32]
+
+
+def int8_lm_head_layout(shape: tuple[int, ...], dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """--lm-head int8: lm_head as int8_wo stores it (per output channel), whatever block type the file has."""
+    return get_scheme("int8_wo").layout("lm_head", *shape, dtype, None)
+
+
+def append_int8_lm_head(writer: StreamingSafetensorsWriter, w: np.ndarray, dtype: str) -> None:
+    """Write lm_head (float32 [vocab, hidden]: the file's output or tied token_embd tensor, dequantized) as
+    int8 per output channel. A Q8_0 table (SmolLM2's) moves by at most half a step of its row's scale: the
+    draft lm_head of a speculative pair, a quarter of the float bytes that dominate a small int4 model's step."""
+    int8 = get_scheme("int8_wo")
+    for (name, stored, _), array in zip(int8.layout("lm_head", *w.shape, dtype, None), int8.quantize(w, None, None)):
+        writer.append(name, array.astype(FLOAT_DTYPES[stored]) if stored in FLOAT_DTYPES else array)

@@ -113,9 +113,11 @@ class QuantOptions:
             if self.scheme == "none":
                 raise InputError("--lm-head chooses how a quantized checkpoint stores lm_head; it needs a --quant "
                                  "scheme (without one lm_head stays float)")
-            if get_scheme(self.scheme).from_source:
-                raise UnsupportedError("--quant gguf keeps the file's own blocks for every linear, lm_head "
-                                       "included; drop --lm-head, or use --quant int4_awq --lm-head ...")
+            if get_scheme(self.scheme).from_source and self.lm_head != "int8":
+                raise UnsupportedError(f"--quant gguf keeps the file's own blocks for every linear, lm_head "
+                                       f"included, or stores lm_head int8 (--lm-head int8, e.g. for a speculative "
+                                       f"draft); --lm-head {self.lm_head} is neither: drop it, or use --quant "
+                                       f"int4_awq --lm-head {self.lm_head}")
             if self.lm_head != "float" and any(fnmatch.fnmatchcase("lm_head", p) for p in self.exclude):
                 raise InputError(f"--exclude keeps lm_head float but --lm-head {self.lm_head} quantizes it; "
                                  "drop one of them (--lm-head float is the same as --exclude lm_head)")

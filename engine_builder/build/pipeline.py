@@ -230,9 +230,11 @@ def _quantization(checkpoint: CheckpointConfig, ort_model: Path) -> OrtQuantizat
     import onnx
 
     meta = {p.key: p.value for p in onnx.load(str(ort_model), load_external_data=False).metadata_props}
-    level = meta.get(io.META_ORT_ACCURACY_LEVEL)  # one level per graph: it follows the activation dtype
+    # one level per graph (it follows the activation dtype), but for a gguf body at 0 beside its int8 lm_head
+    # (--lm-head int8) at 4: the highest, as some linears quantize their activations
+    level = meta.get(io.META_ORT_ACCURACY_LEVEL)
     return OrtQuantization(checkpoint.quantization.scheme, checkpoint.quantization.kv_cache,
-                           int(level) if level else None)
+                           max(map(int, level.split(","))) if level else None)
 
 
 def manifest_of(config: BuildConfig, result: BuildResult, engine_dir: Path, **blocks: Any) -> EngineManifest:

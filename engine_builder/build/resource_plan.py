@@ -184,7 +184,8 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
     else:
         from converters.convert import plan as conversion_plan
 
-        cp = conversion_plan(src, "float32" if quant != "none" and dtype == "auto" else dtype, quant, tuple(exclude))
+        cp = conversion_plan(src, "float32" if quant != "none" and dtype == "auto" else dtype, quant, tuple(exclude),
+                             lm_head)
         model, ckpt_dtype, kind = cp.model, cp.dtype, cp.source.kind
         source_dtype = cp.infos[cp.plan.tensors[0].sources[0]].dtype
         tensors = {t.name: t.shape for t in cp.plan.tensors}

@@ -48,6 +48,13 @@ def build(
                                                        "a block table, for block sharing).")] = None,
     kv_block_size: Annotated[int | None, typer.Option(help="Tokens per KV block with --kv-layout paged "
                                                            "(default 16).")] = None,
+    twin_accuracy: Annotated[str | None, typer.Option(help="Quantized linears of the onnxruntime twin: auto "
+                                                           "(default: int8 activations in a float32 twin, float "
+                                                           "ones for --quant gguf's block offsets: exact), exact "
+                                                           "(float activations everywhere) or draft (int8 "
+                                                           "activations for block offsets too: faster, not exact; "
+                                                           "for a --speculative draft engine, whose tokens the "
+                                                           "target verifies). TensorRT is not affected.")] = None,
     explain_passes: Annotated[bool, typer.Option("--explain-passes", help="Print per-pass match counts and, "
                                                  "for passes that matched nothing, the closest failure.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
@@ -59,6 +66,9 @@ def build(
     which `trtbuild run` executes where no supported GPU is present.
 
     Example: trtbuild build ckpt engine --dtype float16 --cc sm86,sm89 --max-seq-len 4096
+
+    A speculative draft of a GGUF's float32 build: trtbuild convert model.gguf ckpt-q4 --quant gguf --lm-head int8,
+    then trtbuild build ckpt-q4 engine-draft --twin-accuracy draft
     """
     from engine_builder.formats.build_config import BuildConfig, apply_overrides, load_recipe, parse_set
 
@@ -68,6 +78,10 @@ def build(
                              "limits.max_seq_len": max_seq_len, "opt_level": opt_level, "trt_flavour": trt_flavour,
                              "weights": weights, "kv_layout": kv_layout, "kv_block_size": kv_block_size,
                              "compute_capabilities": cc.split(",") if cc else None}
+    if twin_accuracy is not None:
+        from engine_builder.formats.twin_accuracy import with_twin_accuracy
+
+        flags["passes.onnxruntime"] = list(with_twin_accuracy(config.passes.onnxruntime, twin_accuracy))
     if target != "all" or not recipe:
         flags["targets"] = ["tensorrt", "onnxruntime"] if target == "all" else [target]
     overrides = {k: v for k, v in flags.items() if v is not None}

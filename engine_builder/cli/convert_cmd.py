@@ -95,7 +95,9 @@ def convert(
         "--lm-head", metavar="float|int8|same",
         help="How a quantized checkpoint stores lm_head: int8 (per output channel; the default for the "
              "weight-only schemes int8_wo, int4_wo and int4_awq: most of the fidelity of float at a quarter of "
-             "its bytes), float (as --exclude lm_head), or same (as the body, e.g. int4).")] = None,
+             "its bytes), float (as --exclude lm_head), or same (as the body, e.g. int4). With --quant gguf: "
+             "int8 only, an int8 head beside the file's blocks (a speculative draft's: see `build "
+             "--twin-accuracy draft`).")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel ranks: shard heads, MLP and vocab over N "
                                                  "rank{i}.safetensors (llama-family decoders).")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel stages: split the layers over M stages.")] = 1,
@@ -116,6 +118,7 @@ def convert(
       trtbuild convert model.gguf ckpt-int8 --quant int8_wo --lm-head float
       trtbuild convert model.gguf ckpt-int4 --quant int4_awq --group-size 64 --calib my-text.jsonl
       trtbuild convert model.Q4_1.gguf ckpt-q4 --quant gguf
+      trtbuild convert model.Q4_1.gguf ckpt-q4-draft --quant gguf --lm-head int8
     """
     from converters.convert import convert as convert_checkpoint
     from converters.convert import plan

@@ -88,6 +88,7 @@ def test_convert_reports_kept_and_float_linears(tmp_path):
 @pytest.mark.parametrize(("args", "needles"), [
     (["--group-size", "64"], ["--quant gguf", "--group-size"]),
     (["--kv-cache", "int8"], ["--quant gguf", "--kv-cache"]),
+    (["--lm-head", "float"], ["--quant gguf", "--lm-head float", "--lm-head int8"]),
     (["--exclude", "layers.*", "--exclude", "lm_head"], ["no linear stored as Q4_0, Q4_1 or Q4_K", "--exclude"]),
 ])
 def test_bad_gguf_options_are_refused(tmp_path, args, needles):
