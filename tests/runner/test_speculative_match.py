@@ -42,6 +42,33 @@ def test_draft_length_follows_the_acceptance_of_its_match_length():
     assert control.choose(costs, 4, match=9) == 4  # never past the room left
 
 
+def test_draft_length_follows_where_drafts_fail_not_only_how_often():
+    """Drafts whose rejections cluster (how a model draft diverges) are judged per draft position: the expected
+    tokens of a verify step follow what was observed, where one survival rate per token (geometric) does not."""
+    costs = StepCosts(t1=0.04, slope=0.004, draft_token=0.015)
+    always_four = DraftLength(cap=12, adaptive=True)
+    for _ in range(20):
+        always_four.observe(8, 4)  # the first 4 drafts right, the 5th wrong, every time
+    alpha = always_four.alpha()
+    geometric = [(1 - alpha ** (k + 1)) / (1 - alpha) / (costs.verify(k + 1) + costs.drafting(k)) for k in range(13)]
+    geometric[0] = 1 / costs.t1
+    assert max(range(13), key=geometric.__getitem__) <= 2  # alpha ~0.8 alone: short drafts
+    assert always_four.choose(costs, 12) == 4  # what pays: the 4 that survive, not a 5th
+    tokens = [always_four.expected_tokens(k) for k in range(6)]
+    assert 4.5 < tokens[4] < 5.0 and tokens[5] - tokens[4] < 0.2
+
+    all_or_nothing = DraftLength(cap=8, adaptive=True)
+    for _ in range(10):
+        all_or_nothing.observe(8, 8)
+        all_or_nothing.observe(8, 0)
+    # the first draft survives half the time (a little more: shrunk toward alpha ~0.87); geometric says 1 + alpha
+    assert 1.5 < all_or_nothing.expected_tokens(1) < 1.6 < 1 + all_or_nothing.alpha()
+    successor = all_or_nothing.successor()  # the next request starts from these counts, as copies
+    assert successor.expected_tokens(8) == all_or_nothing.expected_tokens(8)
+    successor.observe(8, 0)
+    assert successor.expected_tokens(8) < all_or_nothing.expected_tokens(8)
+
+
 def test_adaptive_batched_verify_with_riders_keeps_greedy_tokens(tiny_engine):
     """Four greedy requests at once, adaptive ngram: rows without drafts take their token from the verify step
     (riders), and the batch's drafts are cut to one common width; tokens and logprobs equal plain greedy."""

@@ -60,10 +60,10 @@ class SpeculativeGenerator(Generator):
         self.costs = StepCosts()
         self.stats = SpeculativeStats(proposer.name)
         self._lengths: dict[int, DraftLength] = {}  # id(request) -> its draft length controller
-        # the acceptance counts of the last finished request: a new request starts from them, not from alpha 0.5
-        # (acceptance is mostly the proposer's and the model's; from 0.5 a gguf draft at 100 % acceptance spent
-        # a whole second story on plain steps and sparse probes)
-        self._prior: tuple[dict[int, float], dict[int, float]] = ({}, {})
+        # the last finished request's controller: a new request starts from its acceptance counts, not from
+        # alpha 0.5 (from 0.5 a gguf draft at 100 % acceptance spent a whole second story on plain steps and
+        # sparse probes)
+        self._prior = DraftLength(self.cap, config.adaptive)
         self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
 
     def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]):
@@ -82,8 +82,7 @@ class SpeculativeGenerator(Generator):
             r = active[slot]
             control = self._lengths.get(id(r))
             if control is None:
-                control = self._lengths[id(r)] = DraftLength(self.cap, self.config.adaptive, dict(self._prior[0]),
-                                                             dict(self._prior[1]))
+                control = self._lengths[id(r)] = self._prior.successor()
             proposal = self._propose(r, control)
             if not proposal.tokens:
                 control.observe(0, 0)
@@ -136,9 +135,7 @@ class SpeculativeGenerator(Generator):
         for w in widths:
             tokens = 0.0
             for _, control, p in drafted.values():
-                k = min(len(p.tokens), w - 1)
-                alpha = min(control.alpha(p.match), 0.999)
-                tokens += (1 - alpha ** (k + 1)) / (1 - alpha)
+                tokens += control.expected_tokens(min(len(p.tokens), w - 1), p.match)
             rate = tokens / max(self.costs.verify(w) if w > 1 else (self.costs.t1 or 0.0), 1e-9)
             if rate > best_rate:
                 best_w, best_rate = w, rate
@@ -274,7 +271,7 @@ class SpeculativeGenerator(Generator):
         self.proposer.release(r)
         control = self._lengths.pop(id(r), None)
         if control is not None and control.accepted:
-            self._prior = (dict(control.accepted), dict(control.rejected))
+            self._prior = control
         super().release(r)
 
     def close(self) -> None:
