@@ -52,7 +52,8 @@ def greedy(backend, prompts: list[list[int]], steps: int) -> list[list[int]]:
     return tokens
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])  # GQA; a sliding window over the gathered blocks
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2"])  # GQA; a sliding window over the
+# gathered blocks; q/k norms (qwen3) and a soft-capped, sliding gemma2 through lower_ort_paged_attention
 def test_paged_twin_matches_slots_and_hf(arch, model_dir, checkpoint_dir, tmp_path):
     ckpt = checkpoint_dir(arch)
     slots = OrtBackend(_build(ckpt, tmp_path / "slots", "slots"))
