@@ -1,9 +1,11 @@
 """Where a decode step's time goes in an engine dir's onnxruntime twin: onnxruntime's profiler, per op type.
 
     python benchmarks/ort_op_profile.py ENGINE_DIR [ENGINE_DIR ...] [--tokens 64] [--threads N] [--top 12]
+                                        [--context N] [--batch N]
 
 Opens each dir on the onnxruntime backend exactly as `LLM` does (same session options, IO binding),
-with onnxruntime's profiler on, decodes --tokens greedy tokens after a short prompt, and sums the
+with onnxruntime's profiler on, decodes --tokens greedy tokens after a short prompt (or, with --context,
+--batch rows of N random token ids each: a decode step at a realistic context), and sums the
 profiler's kernel times of the decode steps (prefill left out) per op type: ms per token, share of
 the kernels' total, and node count per step. "other" is the step's wall time outside kernels
 (onnxruntime's executor, the binding, the sampler and detokenizer in Python).
@@ -21,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def profile(engine: Path, tokens: int, threads: int | None) -> dict:
+def profile(engine: Path, tokens: int, threads: int | None, context: int | None = None, batch: int = 1) -> dict:
     import engine_builder.runner.ort_backend as ort_backend
     from engine_builder import LLM, SamplingParams
 
@@ -39,14 +41,19 @@ def profile(engine: Path, tokens: int, threads: int | None) -> dict:
     finally:
         ort_backend.session_options = plain
     params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
-    prompt = llm.encode("The capital of France is")
+    if context is None:
+        prompts = [llm.encode("The capital of France is")] * batch
+    else:  # distinct rows, so no prefix cache shares them
+        import numpy as np
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(10, 1000, context).tolist() for _ in range(batch)]
     started = time.perf_counter()
-    llm.generate(prompt_token_ids=[prompt], params=params)
+    llm.generate(prompt_token_ids=prompts, params=params)
     wall = time.perf_counter() - started
     path = llm.backend.session.end_profiling()
     events = json.loads(Path(path).read_text())
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
-    decode_runs = runs[1:]  # the first run is the prefill
+    decode_runs = runs[1:][-(tokens - 1):]  # the prefill run(s) come first; then tokens - 1 decode steps
     first = decode_runs[0]["ts"] if decode_runs else 0
     per_op: dict[str, float] = collections.defaultdict(float)
     nodes: dict[str, int] = collections.defaultdict(int)
@@ -71,9 +78,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--context", type=int, default=None, help="random prompts of this many tokens")
+    parser.add_argument("--batch", type=int, default=1, help="rows decoded together")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = [profile(e, args.tokens, args.threads) for e in args.engines]
+    results = [profile(e, args.tokens, args.threads, args.context, args.batch) for e in args.engines]
     if args.json:
         print(json.dumps(results))
         return

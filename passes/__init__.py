@@ -17,6 +17,7 @@ from passes import (  # noqa: F401
     lower_ort_matmulnbits_exact,
     lower_ort_moe,
     lower_ort_norms,
+    lower_ort_paged_attention,
     remove_redundant_ops,
 )
 from passes.base import Pass, PassManager, PassResult, get_pass, register_pass, registered_passes

@@ -73,7 +73,7 @@ def self_attention(b: GraphBuilder, x: ir.Value, cfg: ModelConfig, w: Checkpoint
                 cached_value = kv_quant.dequantize(b.op, cached_value,
                                                    head_major_scale(b, v_scale, kv_heads, head_dim))
             out = paged_attend(b, q, cached_key, cached_value, masks.sliding if sliding else masks.full,
-                               heads=heads, kv_heads=kv_heads, head_dim=head_dim, scale=scale,
+                               masks.output_shape, heads=heads, kv_heads=kv_heads, head_dim=head_dim, scale=scale,
                                softcap=spec.logit_softcap)
             out = linear(b, w, out, p + "o", w[p + "o.bias"] if spec.o_bias else None)  # [batch, seq, hidden]
             return AttentionOutputs(out, present_key, present_value)

@@ -77,7 +77,7 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     window = attn.sliding_window if "sliding_attention" in attn.layer_types else None
     if paged:
         masks = paged_masks(b, input_ids, past_lengths, extra_inputs[0], cfg.num_heads, cfg.num_kv_heads,
-                            options.kv_block_size, window)
+                            options.kv_block_size, window, cfg.head_dim)
     else:
         masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len, window)
     rotaries = _rotaries(b, position_ids, cfg)

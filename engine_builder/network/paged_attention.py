@@ -40,10 +40,17 @@ class PagedMasks(AttentionMasks):
 
     block_table: ir.Value | None = None  # [batch, max_blocks] int64
     block_size: int = 16
+    # [3] int64: (batch, seq, heads * head_dim), what paged_attend reshapes its output to. Built from
+    # Shape(input_ids), so shape inference (data propagation) gives every layer's output, and through the
+    # residual Adds the whole stream, the graph's own batch and seq dims: a constant [0, 0, -1]-style shape
+    # after the head-major transposes gave fresh unknown dims, and then fuse_rotary added an Expand of the
+    # cos/sin tables per rotary (4 per layer) and lower_ort_norms left half the residual norms unfused.
+    output_shape: ir.Value | None = None
 
 
 def paged_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, block_table: ir.Value,
-                heads: int, kv_heads: int, block_size: int, sliding_window: int | None) -> PagedMasks:
+                heads: int, kv_heads: int, block_size: int, sliding_window: int | None,
+                head_dim: int) -> PagedMasks:
     with b.scope("masks"):
         # (row, step) index grids from cumulative sums of ones, as masks.py writes them
         ones = b.op("ConstantOfShape", b.op("Shape", input_ids), value=ir.tensor([1], dtype=INT64))
@@ -72,7 +79,9 @@ def paged_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, bl
         # score row r * seq + t (query head kv * rep + r, step t) takes step t's mask: [1, batch, rep * seq, L]
         full, sliding = (None if m is None else b.op("Tile", b.op("Transpose", m, perm=[1, 0, 2, 3]),
                                                      b.ints([1, 1, rep, 1])) for m in (full, sliding))
-    return PagedMasks(write_indices, full, sliding, block_table, block_size)
+        output_shape = b.op("Concat", b.op("Shape", input_ids), b.ints([heads * head_dim]), axis=0,
+                            name="attention_output_shape")
+    return PagedMasks(write_indices, full, sliding, block_table, block_size, output_shape)
 
 
 def paged_update(b: GraphBuilder, pool: ir.Value, new: ir.Value, masks: PagedMasks,
@@ -89,11 +98,12 @@ def head_major_scale(b: GraphBuilder, scale: ir.Value, kv_heads: int, head_dim: 
     return b.op("Reshape", scale, b.ints([kv_heads, 1, 1, head_dim]))
 
 
-def paged_attend(b: GraphBuilder, q: ir.Value, keys: ir.Value, values: ir.Value, bias: ir.Value, *, heads: int,
-                 kv_heads: int, head_dim: int, scale: float, softcap: float | None) -> ir.Value:
+def paged_attend(b: GraphBuilder, q: ir.Value, keys: ir.Value, values: ir.Value, bias: ir.Value,
+                 output_shape: ir.Value, *, heads: int, kv_heads: int, head_dim: int, scale: float,
+                 softcap: float | None) -> ir.Value:
     """q [batch, heads, seq, head_dim]; keys / values [kv_heads, batch, L, head_dim] (paged_update's gathered
-    cache); bias [1, batch, rep * seq, L] (PagedMasks). Returns [batch, seq, heads * head_dim]: transformers'
-    eager attention (repeat_kv, softmax(q k^T * scale [softcapped] + mask) v), rows grouped by KV head."""
+    cache); bias [1, batch, rep * seq, L] and output_shape (PagedMasks). Returns [batch, seq, heads * head_dim]:
+    transformers' eager attention (repeat_kv, softmax(q k^T * scale [softcapped] + mask) v), rows grouped by KV head."""
     rep = heads // kv_heads
     q = b.op("Reshape", q, b.ints([0, kv_heads, rep, -1, head_dim]))  # [batch, kv_heads, rep, seq, hd]
     q = b.op("Transpose", q, perm=[1, 0, 2, 3, 4])  # [kv_heads, batch, rep, seq, hd]
@@ -111,4 +121,4 @@ def paged_attend(b: GraphBuilder, q: ir.Value, keys: ir.Value, values: ir.Value,
     out = b.op("MatMul", probs, values)  # [kv_heads, batch, rep * seq, hd]
     out = b.op("Reshape", out, b.ints([kv_heads, 0, rep, -1, head_dim]))  # [kv_heads, batch, rep, seq, hd]
     out = b.op("Transpose", out, perm=[1, 3, 0, 2, 4])  # [batch, seq, kv_heads, rep, hd]
-    return b.op("Reshape", out, b.ints([0, 0, heads * head_dim]))
+    return b.op("Reshape", out, output_shape)

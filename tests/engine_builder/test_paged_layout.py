@@ -52,7 +52,8 @@ def greedy(backend, prompts: list[list[int]], steps: int) -> list[list[int]]:
     return tokens
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])  # GQA; a sliding window over the gathered blocks
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2"])  # GQA; a sliding window over the
+# gathered blocks; q/k norms (qwen3) and a soft-capped, sliding gemma2 through lower_ort_paged_attention
 def test_paged_twin_matches_slots_and_hf(arch, model_dir, checkpoint_dir, tmp_path):
     ckpt = checkpoint_dir(arch)
     slots = OrtBackend(_build(ckpt, tmp_path / "slots", "slots"))
@@ -63,6 +64,15 @@ def test_paged_twin_matches_slots_and_hf(arch, model_dir, checkpoint_dir, tmp_pa
     want = [hf_greedy(model_dir(arch), p, STEPS)[0] for p in prompts]
     assert greedy(slots, prompts, STEPS) == want
     assert greedy(paged, prompts, STEPS) == want
+    # the twin's paged block went through lower_ort_paged_attention (rotary on [batch, seq, hidden], pool
+    # writes in token order), its residual stream kept the graph's batch/seq dims (no per-rotary Expand of
+    # the tables, every residual norm fused): what keeps a batch-1 step's node count near the slot layout's
+    layers = paged_dir.twin_paged_layout.num_layers
+    matches = {p["name"]: p["matches"] for p in paged_dir.manifest.passes["onnxruntime"]}
+    assert matches["lower_ort_paged_attention"] == layers and matches["lower_ort_norms"] == 2 * layers - 1
+    ops = [n.op_type for n in onnx.load(str(paged_dir.onnx_path), load_external_data=False).graph.node]
+    assert ops.count("Transpose") <= 2 * layers + 3  # q and output per layer; once per step: indices, masks
+    assert ops.count("Expand") == 3  # the write indices' (once per step), none per layer
     # the steps really went through the pool: blocks were taken and all came back
     assert paged.kv.pool.num_free == paged.kv.pool.num_blocks - 1
     assert np.abs(paged.kv.keys[0][:, 1:]).sum() > 0  # head-major pool: blocks are axis 1
