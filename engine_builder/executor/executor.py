@@ -75,7 +75,7 @@ class Executor:
         self.config = config
         self._generator = llm.generator
         self._scheduler = Scheduler(config, self._generator)
-        self._prefills = PrefillGroups()  # which prefills share an engine call
+        self._prefills = PrefillGroups(config.batch_prefill)  # which prefills share an engine call
         self._generator.claim("an Executor serves it", "submit requests to the Executor, or shut it down first")
         self._lock = threading.Condition()
         self._ids = itertools.count()

@@ -64,7 +64,8 @@ class CallCosts:
 
 
 class PrefillGroups:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: every chunk its own call (SchedulerConfig.batch_prefill)
         self.costs = CallCosts()
         self.batched_calls = 0  # engine calls that prefilled more than one request
         self.batched_requests = 0  # requests prefilled in such a call
@@ -73,8 +74,9 @@ class PrefillGroups:
         self.costs.observe(tokens, seconds)
 
     def plan(self, generator: Generator, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
-        """The step's chunks in call groups: singletons run Generator.prefill, larger groups one shared call."""
-        if len(chunks) < 2 or not bp.supported(generator):
+        """The step's chunks in call groups, to run in this order: singletons run Generator.prefill, larger groups
+        one shared call (prefill_together)."""
+        if len(chunks) < 2 or not self.enabled or not bp.supported(generator):
             return [[c] for c in chunks]
         candidates = sorted((c for c in chunks if bp.whole_prefill(generator, *c)), key=lambda c: c[0].slot)
         if len(candidates) < 2:
@@ -94,7 +96,9 @@ class PrefillGroups:
             current = [chunk]
         groups.append(current)
         grouped = {id(r) for r, _ in candidates}
-        return [[c] for c in chunks if id(c[0]) not in grouped] + groups
+        # groups first: `fits` saw the riders' lengths as they are now, and a rider's own chunk (run after) writes
+        # from its length whatever junk the group left past it
+        return groups + [[c] for c in chunks if id(c[0]) not in grouped]
 
     @staticmethod
     def _worth(generator: Generator, group: list[int], slot: int, starts: dict[int, int], lengths: dict[int, int],

@@ -5,9 +5,10 @@ riding along, give every request the tokens it gets alone."""
 from __future__ import annotations
 
 from engine_builder import SamplingParams
-from engine_builder.executor import Executor
+from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.executor.prefill_groups import CallCosts
 from engine_builder.runner.batched_prefill import fits, prefill_together, start
+from engine_builder.server.metrics import _kv_metrics
 
 # the long one is >16 tokens: its reference run caches its first block, so in the batch its row starts at 16
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -61,6 +62,18 @@ def test_prompts_arriving_together_share_a_call_through_the_executor(llm):
     assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
     assert [o.text for o in outs] == [a.text for a in alone]
     assert stats.batched_prefill_calls >= 1 and stats.batched_prefill_requests >= 2
+    counters = {m.name: m.samples[0].value for m in _kv_metrics(stats)}  # what /metrics shows
+    assert counters["trtbuild_batched_prefill_requests"] == stats.batched_prefill_requests
+    assert counters["trtbuild_batched_prefill_calls"] == stats.batched_prefill_calls
+
+
+def test_batch_prefill_off_gives_every_prompt_its_own_call(llm):
+    with Executor(llm, SchedulerConfig(batch_prefill=False)) as executor:
+        with executor._lock:
+            handles = [executor.submit(llm.encode(p), _greedy(2)) for p in PROMPTS[:3]]
+        for h in handles:
+            h.result(timeout=120)
+        assert executor.stats().batched_prefill_calls == 0
 
 
 def test_call_costs_fit_fixed_and_per_token_cost():
