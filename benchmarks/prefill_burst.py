@@ -10,8 +10,9 @@ SmolLM2-135M-Instruct fp32 on the onnxruntime twin (serve_soak.py's engine: 8 KV
 soak's prompts, greedy, 8-32 tokens; cut requests: the same prompts, max 64 tokens, cancelled once their first
 token arrives (over HTTP the cancel lands ~1.5 steps later). Each round runs a baseline (valid clients alone),
 then both modes, alternating which goes first, so load from elsewhere on a shared machine hits both alike.
-Reports per mode: the valid requests' p50/p99 latency and p99 / the baseline's, cut requests served per
-second, engine steps per second, and how many prefills shared a call.
+First it times the prefill of 2, 3 and 6 of the soak's prompts in one call vs one call each (fastest of 5: what
+the work costs, whatever else runs on the machine). Then per mode: the valid requests' p50/p99 latency and
+p99 / the baseline's, cut requests served per second, engine steps per second, how many prefills shared a call.
 """
 
 from __future__ import annotations
@@ -73,6 +74,39 @@ def run(llm, seconds: float, valid_clients: int, cut_clients: int, batch_prefill
             "batched_prefill_requests": stats.batched_prefill_requests}
 
 
+def prefill_cost(llm, prompts: list[str], reps: int) -> dict:
+    """Wall time to prefill PROMPTS (and sample each first token) in one shared call vs one call each, the fastest
+    of REPS alternating tries (the fastest is what the work costs; slower tries are other load on the machine)."""
+    from engine_builder import SamplingParams
+    from engine_builder.runner.batched_prefill import prefill_together
+
+    gen = llm.generator
+    times: dict[str, list[float]] = {"one_call": [], "per_request": []}
+    gen.claim("prefill_burst", "wait for it")
+    try:
+        for _ in range(reps):
+            for mode in times:
+                requests = [gen.new_request(i, llm.encode(p), SamplingParams(max_new_tokens=2))
+                            for i, p in enumerate(prompts)]
+                for r in requests:
+                    gen.admit(r)
+                events: list = []
+                started = time.perf_counter()
+                if mode == "one_call":
+                    prefill_together(gen, requests, events)
+                else:
+                    for r in requests:
+                        gen.prefill(r, events)
+                times[mode].append(time.perf_counter() - started)
+                for r in requests:
+                    gen.release(r)
+    finally:
+        gen.unclaim()
+    best = {mode: min(t) for mode, t in times.items()}
+    return {"prompts": len(prompts), "one_call_ms": round(best["one_call"] * 1e3, 1),
+            "per_request_ms": round(best["per_request"] * 1e3, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -81,13 +115,19 @@ def main() -> None:
     parser.add_argument("--cut-clients", type=int, default=12)
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--costs-only", action="store_true", help="only the prefill cost comparison")
     args = parser.parse_args()
     from engine_builder import LLM
 
     args.work.mkdir(parents=True, exist_ok=True)
     llm = LLM(engine_dirs(args.work, ["default"], 8, 64)["default"], backend="onnxruntime")
+    costs = [prefill_cost(llm, PROMPTS[:n], reps=5) for n in (2, 3, len(PROMPTS))]
+    if not args.json:
+        for c in costs:
+            print(f"{c['prompts']} soak prompts prefilled: {c['one_call_ms']} ms in one call vs "
+                  f"{c['per_request_ms']} ms in one call each (fastest of 5)", flush=True)
     rounds = []
-    for i in range(args.rounds):
+    for i in range(0 if args.costs_only else args.rounds):
         baseline = run(llm, args.seconds, args.valid_clients, 0, True, seed=i)
         modes = {}
         for batched in ((True, False) if i % 2 == 0 else (False, True)):
@@ -102,7 +142,7 @@ def main() -> None:
                 f"{m['cut_per_s']} cut/s, {m['steps_per_s']} steps/s, {m['batched_prefill_requests']} prefills in "
                 f"{m['batched_prefill_calls']} shared calls" for name, m in modes.items()), flush=True)
     if args.json:
-        print(json.dumps(rounds, indent=2))
+        print(json.dumps({"prefill_cost": costs, "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
