@@ -4,6 +4,8 @@ riding along, give every request the tokens it gets alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine_builder import SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.executor.prefill_groups import CallCosts
@@ -19,7 +21,21 @@ def _greedy(n: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0)
 
 
-def test_ragged_prompts_in_one_call_with_a_rider_equal_each_alone(llm):
+@pytest.fixture(params=["default", "gqa"])
+def any_llm(request, llm):
+    """The session's engine, and the one lowered to GroupQueryAttention (its kernel takes ragged rows in place)."""
+    if request.param == "default":
+        yield llm
+        return
+    from engine_builder import LLM
+
+    gqa = LLM(request.getfixturevalue("smollm2_gqa_engine"), backend="onnxruntime")
+    yield gqa
+    gqa.close()
+
+
+def test_ragged_prompts_in_one_call_with_a_rider_equal_each_alone(any_llm):
+    llm = any_llm
     params = [_greedy(10), _greedy(12), _greedy(8), _greedy(9)]
     alone = [llm.generate(p, sp)[0].token_ids for p, sp in zip(PROMPTS, params)]
     gen, kv = llm.generator, llm.backend.kv
