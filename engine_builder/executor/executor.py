@@ -198,11 +198,11 @@ class Executor:
                 if len(group) == 1:
                     gen.prefill(group[0][0], events, group[0][1])
                 else:
-                    fed = prefill_together(gen, [r for r, _ in group], events)
                     self._prefills.batched_calls += 1
                     self._prefills.batched_requests += len(group)
-            except Exception as exc:  # this call's engine run or sampling failed: its requests fail
-                failures += [(r, exc) for r, _ in group]
+                    fed = prefill_together(gen, [r for r, _ in group], events)
+            except Exception as exc:  # this call's engine run or sampling failed: its unfinished requests fail
+                failures += [(r, exc) for r, _ in group if not r.finished]  # a finished one's final event is out
             seconds = time.perf_counter() - started
             sched.step_budget.observe_prefill(sum(n for _, n in group), seconds)
             self._prefills.observe(fed, seconds)

@@ -102,3 +102,20 @@ def test_call_costs_fit_fixed_and_per_token_cost():
     for tokens in (1, 8, 64):
         flat.observe(tokens, 0.01)  # size does not matter: batch freely
     assert flat.fixed_tokens() == 1e9
+
+
+def test_a_failed_shared_call_fails_its_requests_and_the_executor_lives_on(smollm2_engine):
+    from engine_builder import LLM
+
+    llm = LLM(smollm2_engine, backend="onnxruntime")  # its own: the backend is closed under the executor
+    llm.backend.close()  # a real onnxruntime failure in the shared prefill call
+    executor = Executor(llm)
+    with executor._lock:
+        handles = [executor.submit(llm.encode(p), _greedy(4)) for p in PROMPTS[:3]]
+    finals = [list(h.events(timeout=60))[-1] for h in handles]
+    assert [e.finish_reason for e in finals] == ["error"] * 3
+    stats = executor.stats()
+    assert executor.alive and stats.batched_prefill_calls == 1 and stats.requests_failed == 3
+    assert (stats.running, stats.free_slots) == (0, 4)
+    executor.shutdown()
+    assert llm.backend.kv.num_free == 4
