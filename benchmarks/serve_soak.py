@@ -105,6 +105,17 @@ async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: in
     return results
 
 
+def engine_counters(url: str) -> dict[str, float]:
+    """The server's executor counters (/metrics): steps, and how many prefills shared an engine call."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = ("trtbuild_executor_steps", "trtbuild_batched_prefill_calls", "trtbuild_batched_prefill_requests")
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return {name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if (name := s.name.removesuffix("_total")) in wanted}
+
+
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else values[0]
 
@@ -135,6 +146,7 @@ def main() -> None:
         results = asyncio.run(soak(server.url, args.minutes * 60, args.valid_clients, args.hostile_clients, seed=1,
                                    hostile=kinds))
         rss_end = rss_bytes(server.proc.pid)
+        counters = engine_counters(server.url)
     finally:
         code = server.stop()
     statuses = Counter(f"{kind} {status}" for kind, status, _ in results)
@@ -152,6 +164,7 @@ def main() -> None:
         "rss_growth": round(rss_end / rss_start - 1, 4),
         "baseline_p99_s": round(p99(idle), 3), "soak_p99_s": round(p99(loaded), 3),
         "p99_ratio": round(p99(loaded) / p99(idle), 2), "server_exit_code": code,
+        "engine_counters": counters,  # since the server started (baseline included)
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -160,7 +173,7 @@ def main() -> None:
               f"{args.hostile_clients} hostile clients: {result['http_5xx']} 5xx; RSS {result['rss_start_mb']} -> "
               f"{result['rss_end_mb']} MB ({result['rss_growth']:+.1%}); valid p99 {result['soak_p99_s']} s vs "
               f"{result['baseline_p99_s']} s without the hostile clients ({result['p99_ratio']}x); "
-              f"responses {result['responses']}")
+              f"responses {result['responses']}; engine {counters}")
 
 
 if __name__ == "__main__":

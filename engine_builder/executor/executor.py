@@ -8,7 +8,8 @@
 Each step of the loop: take cancellations (their slots are freed at once) -> grow the running requests'
 KV by the blocks this step writes, preempting the least urgent when blocks run out -> admit waiting
 requests (by priority and KV budget, preempting less urgent ones: scheduler.py)
--> prefill chunks within the step's token budget -> one batched decode for
+-> prefill chunks within the step's token budget (short whole prompts share one engine call:
+prefill_groups.py, runner/batched_prefill.py) -> one batched decode for
 every running sequence -> emit each new token to its handle -> retire finished requests. New
 requests join at the next step boundary: nobody waits for a batch to drain.
 
@@ -35,8 +36,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine_builder.executor.prefill_groups import PrefillGroups
 from engine_builder.executor.request import RequestHandle, TokenEvent
 from engine_builder.executor.scheduler import Scheduler, SchedulerConfig
+from engine_builder.runner.batched_prefill import prefill_together
 from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.util.errors import CapacityError, InputError
@@ -61,6 +64,8 @@ class ExecutorStats:
     kv_blocks_used: int = 0  # held by running requests (context so far + the next step's tokens each, in blocks)
     preemptions: int = 0  # running requests preempted (recompute): for more urgent ones, or when blocks ran out
     chunked_prefill_steps: int = 0  # prefill chunks that left part of a prompt for a later step
+    batched_prefill_calls: int = 0  # engine calls that prefilled several requests at once (prefill_groups.py)
+    batched_prefill_requests: int = 0  # requests prefilled in such a call
 
 
 class Executor:
@@ -70,6 +75,7 @@ class Executor:
         self.config = config
         self._generator = llm.generator
         self._scheduler = Scheduler(config, self._generator)
+        self._prefills = PrefillGroups(config.batch_prefill)  # which prefills share an engine call
         self._generator.claim("an Executor serves it", "submit requests to the Executor, or shut it down first")
         self._lock = threading.Condition()
         self._ids = itertools.count()
@@ -118,7 +124,8 @@ class Executor:
             return ExecutorStats(len(sched.waiting), running, max_batch, max_batch - running,
                                  self._finished, self._cancelled, self._tokens, self._steps, self._failed,
                                  kv.block_size, kv.total_blocks, kv.used_blocks, sched.resumes.preemptions,
-                                 sched.chunked_prefill_steps)
+                                 sched.chunked_prefill_steps, self._prefills.batched_calls,
+                                 self._prefills.batched_requests)
 
     @property
     def alive(self) -> bool:
@@ -184,21 +191,31 @@ class Executor:
 
         events: list[Event] = []
         failures: list[tuple[RequestState, BaseException]] = []
-        for r, n in sched.prefill_plan():
+        for group in self._prefills.plan(gen, sched.prefill_plan()):  # short prompts share a call (prefill_groups.py)
             started = time.perf_counter()
+            fed = sum(n for _, n in group)
             try:
-                gen.prefill(r, events, n)
-            except Exception as exc:  # this request's engine call or sampling failed
-                failures.append((r, exc))
-            sched.step_budget.observe_prefill(n, time.perf_counter() - started)
+                if len(group) == 1:
+                    gen.prefill(group[0][0], events, group[0][1])
+                else:
+                    self._prefills.batched_calls += 1
+                    self._prefills.batched_requests += len(group)
+                    fed = prefill_together(gen, [r for r, _ in group], events)
+            except Exception as exc:  # this call's engine run or sampling failed: its unfinished requests fail
+                failures += [(r, exc) for r, _ in group if not r.finished]  # a finished one's final event is out
+            seconds = time.perf_counter() - started
+            sched.step_budget.observe_prefill(sum(n for _, n in group), seconds)
+            self._prefills.observe(fed, seconds)
         failed_ids = {r.index for r, _ in failures}
         decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
         try:
             gen.reprefill(decoding, events)
             if decoding:
                 started = time.perf_counter()
+                rows = max(decoding) + 1  # the step runs slots [0, highest): free ones ride along
                 gen.decode(decoding, events)
                 sched.step_budget.observe_decode(time.perf_counter() - started)
+                self._prefills.observe(rows, time.perf_counter() - started)
         except Exception as exc:  # the batched call failed: every request in it fails
             failures += [(r, exc) for r in decoding.values() if not r.finished]
 

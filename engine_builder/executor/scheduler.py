@@ -59,6 +59,7 @@ class SchedulerConfig:
     kv_block_tokens: int = DEFAULT_BLOCK_TOKENS  # admission counts KV in blocks of this many tokens
     preemption: bool = True  # a more urgent request may preempt less urgent ones (recompute)
     max_overtakes: int = 8  # times smaller requests may overtake one that does not fit before it blocks them
+    batch_prefill: bool = True  # short prompts finishing their prefill in a step share one call (prefill_groups.py)
 
     def __post_init__(self) -> None:
         for name, low in (("max_batch", 1), ("max_tokens_per_step", 1), ("max_queue", 0), ("kv_budget_tokens", 1),
@@ -68,8 +69,9 @@ class SchedulerConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"SchedulerConfig.{name} must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.preemption, bool):
-            raise ConfigError(f"SchedulerConfig.preemption must be true or false, got {self.preemption!r}")
+        for flag in ("preemption", "batch_prefill"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"SchedulerConfig.{flag} must be true or false, got {getattr(self, flag)!r}")
 
     def batch_for(self, kv_slots: int) -> int:
         """max_batch on an engine with kv_slots KV cache slots."""

@@ -97,6 +97,10 @@ def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
                               "ones or when KV blocks ran out.", s.preemptions)
     yield CounterMetricFamily("trtbuild_chunked_prefill_steps", "Prefill chunks that left part of a prompt for a later "
                               "step (--max-num-batched-tokens).", s.chunked_prefill_steps)
+    yield CounterMetricFamily("trtbuild_batched_prefill_calls", "Engine calls that prefilled several short prompts "
+                              "at once (executor/prefill_groups.py).", s.batched_prefill_calls)
+    yield CounterMetricFamily("trtbuild_batched_prefill_requests", "Requests prefilled in such a shared call.",
+                              s.batched_prefill_requests)
 
 
 def prefix_cache_metrics(c: PrefixCacheStats) -> Iterator[Metric]:
