@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "router"), str(ROOT / "tests" / "server")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "router"), str(ROOT / "tests" / "server")]
 
 import httpx  # noqa: E402
 from live_server import metrics  # noqa: E402

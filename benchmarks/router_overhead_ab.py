@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "router"), str(ROOT / "tests" / "server")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "router"), str(ROOT / "tests" / "server")]
 
 import httpx  # noqa: E402
 from route_processes import Replica  # noqa: E402
