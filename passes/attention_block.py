@@ -16,8 +16,9 @@ is exactly that causal (+ window) mask, so the mask is traced back to past_lengt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_ir as ir
@@ -32,6 +33,22 @@ HIDDEN_BIAS_MAX = -1e4
 
 class NoMatch(Exception):
     """The node is not a lowerable attention block; str(self) says why."""
+
+
+NO_ATTENTION = "no Attention-24 node (run fuse_attention first)"
+T = TypeVar("T")
+
+
+def match_attention_nodes(model: ir.Model, match: Callable[[ir.Node, ir.Graph], T]) -> tuple[list[T], str | None]:
+    """MATCH (which raises NoMatch) at every Attention-24 node: what matched, and the first reason a node did not."""
+    matched, why = [], None
+    for node in model.graph:
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
+            try:
+                matched.append(match(node, model.graph))
+            except NoMatch as exc:
+                why = why or f"at Attention node {node.name!r}: {exc}"
+    return matched, why
 
 
 @dataclass(frozen=True)

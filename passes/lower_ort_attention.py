@@ -48,7 +48,14 @@ import numpy as np
 import onnx_ir as ir
 
 from engine_builder.network import kv_quant
-from passes.attention_block import BHSD, AttentionBlock, NoMatch, find_attention_block
+from passes.attention_block import (
+    BHSD,
+    NO_ATTENTION,
+    AttentionBlock,
+    NoMatch,
+    find_attention_block,
+    match_attention_nodes,
+)
 from passes.base import MS_DOMAIN, Pass, register_pass
 
 GQA_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
@@ -196,25 +203,19 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         graph.outputs[graph.outputs.index(old)] = new
 
 
+def _checked_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
+    block = find_attention_block(node, graph)
+    _check(block)
+    return block
+
+
 @register_pass
 class LowerOrtAttention(Pass):
     name = "lower_ort_attention"
     description = "attention block (rotary, TensorScatter, Attention-24) -> com.microsoft GroupQueryAttention"
 
-    def _blocks(self, model: ir.Model) -> tuple[list[AttentionBlock], str | None]:
-        blocks, why = [], None
-        for node in model.graph:
-            if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
-                try:
-                    block = find_attention_block(node, model.graph)
-                    _check(block)
-                    blocks.append(block)
-                except NoMatch as exc:
-                    why = why or f"at Attention node {node.name!r}: {exc}"
-        return blocks, why
-
     def apply(self, model: ir.Model) -> int:
-        blocks, _ = self._blocks(model)
+        blocks, _ = match_attention_nodes(model, _checked_block)
         if not blocks:
             return 0
         graph = model.graph
@@ -228,4 +229,4 @@ class LowerOrtAttention(Pass):
         return len(blocks)
 
     def why_not(self, model: ir.Model) -> str | None:
-        return self._blocks(model)[1] or "no Attention-24 node (run fuse_attention first)"
+        return match_attention_nodes(model, _checked_block)[1] or NO_ATTENTION

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from passes.attention_block import NoMatch, _attr, _bhsd_input, _producer
+from passes.attention_block import NO_ATTENTION, NoMatch, _attr, _bhsd_input, _producer, match_attention_nodes
 from passes.base import Pass, register_pass
 from passes.constant_values import ints
 from passes.lower_ort_attention import _Emitter, _flat
@@ -127,18 +127,8 @@ class LowerOrtPagedAttention(Pass):
     name = "lower_ort_paged_attention"
     description = "paged attention: rotary on [batch, seq, hidden], pool writes in token order (fewer nodes)"
 
-    def _blocks(self, model: ir.Model) -> tuple[list[_PagedBlock], str | None]:
-        blocks, why = [], None
-        for node in model.graph:
-            if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
-                try:
-                    blocks.append(_PagedBlock(node, model.graph))
-                except NoMatch as exc:
-                    why = why or f"at Attention node {node.name!r}: {exc}"
-        return blocks, why
-
     def apply(self, model: ir.Model) -> int:
-        blocks, _ = self._blocks(model)
+        blocks, _ = match_attention_nodes(model, _PagedBlock)
         if not blocks:
             return 0
         graph = model.graph
@@ -155,4 +145,4 @@ class LowerOrtPagedAttention(Pass):
         return len(blocks)
 
     def why_not(self, model: ir.Model) -> str | None:
-        return self._blocks(model)[1] or "no Attention-24 node (run fuse_attention first)"
+        return match_attention_nodes(model, _PagedBlock)[1] or NO_ATTENTION
