@@ -69,7 +69,8 @@ class Worker:
                 "--context", str(context), "--warmup", json.dumps(warmup)] + (["--logits-all"] if logits_all else [])
         self.name = name
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                         filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))})
         ready = self.proc.stdout.readline()
         if not ready:
             raise SystemExit(f"{name}: its worker exited while loading (its stderr is above)")
