@@ -187,7 +187,7 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
                 shutil.copyfile(f, tmp / f.name)
         # unquantized weights as the float32 twin holds them (a bfloat16 checkpoint's take twice its bytes)
         weight_bytes = (tmp / WEIGHTS_FILE).stat().st_size * (1 if checkpoint.dtype == "float32" else 2)
-        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, config.kv_layout, weight_bytes):
+        if prepacked_twin_wanted(twin, checkpoint.quantization.scheme, weight_bytes):
             (stage or (lambda _: None))("prepacked onnxruntime twin")
             # run loads it without packing the weights (build/ort_prepack.py)
             write_prepacked_twin(tmp, twin, weight_bytes)

@@ -211,8 +211,7 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
     twin_extra = 0 if q.scheme in ("none", "fp8") else ckpt_bytes - sum(
         _float_bytes(s, ckpt_dtype) for n, s in tensors.items() if n.removesuffix(".weight") not in q.quantized)
     float32_bytes = sum(_float_bytes(s, "float32") for s in tensors.values())
-    prepacked = 2 * float32_bytes if prepacked_twin_wanted(choice.twin, q.scheme, config.kv_layout, float32_bytes) \
-        else 0
+    prepacked = 2 * float32_bytes if prepacked_twin_wanted(choice.twin, q.scheme, float32_bytes) else 0
     budget, where = machine_memory()
     return ResourcePlan(
         source=str(src), model={"architecture": model.architecture, "layers": model.num_layers,
