@@ -49,9 +49,11 @@ def supported(generator: Generator) -> bool:
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
-    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such
-    requests are batched: the first token is sampled right after the call."""
-    return r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
+    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring), for a greedy
+    request? Only such requests are batched: the first token is sampled right after the call. Sampled ones
+    keep their own call: in one CI run a seeded request's streamed and non-streamed twins (one batched, one
+    not, by timing) drew different first tokens (tests/server/test_serve_concurrency.py), cause not found yet."""
+    return r.params.greedy and r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
 
 
 def start(generator: Generator, r: RequestState) -> int:
