@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine_builder.formats.graph_io import save_with_metadata
 from engine_builder.formats.manifest import ORT_MODEL
 from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_level
 from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_DATA, PREPACKED_MODEL, cpu_signature
@@ -67,12 +68,7 @@ def write_prepacked_twin_here(engine_dir: Path, twin_dtype: str) -> bool:
     options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
     ort.InferenceSession(str(engine_dir / ORT_MODEL), options, providers=["CPUExecutionProvider"])
     graph = engine_dir / PREPACKED_MODEL
-    model = onnx.load(str(graph), load_external_data=False)
-    props = {p.key: p.value for p in model.metadata_props}
-    props[META_PREPACKED_FOR] = signature
-    del model.metadata_props[:]
-    onnx.helper.set_model_props(model, props)
-    onnx.save(model, str(graph))  # the graph only: its tensors keep their external references
+    save_with_metadata(onnx.load(str(graph), load_external_data=False), graph, {META_PREPACKED_FOR: signature})
     return True
 
 

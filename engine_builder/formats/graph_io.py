@@ -201,3 +201,14 @@ class PagedKVLayout:
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.kv_heads * self.head_dim * KV_ITEM_BYTES[self.dtype]
+
+
+def save_with_metadata(model, path, props: dict[str, str]) -> None:
+    """Save MODEL (an onnx.ModelProto loaded without its external data) to PATH with PROPS merged into its
+    metadata: the graph file only, its tensors keep their external references."""
+    import onnx
+
+    merged = {p.key: p.value for p in model.metadata_props} | props
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, merged)
+    onnx.save(model, str(path))

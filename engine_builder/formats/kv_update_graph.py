@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from engine_builder.formats.graph_io import META_KV_UPDATE
+from engine_builder.formats.graph_io import META_KV_UPDATE, save_with_metadata
 
 META_KV_UPDATE_REASON = "trtbuild.kv_update_reason"  # why META_KV_UPDATE is what it is (written with it)
 
@@ -48,11 +48,7 @@ def record_kv_update(model_path: Path) -> tuple[KVUpdateMode, str]:
 
     model = onnx.load(str(model_path), load_external_data=False)
     mode, reason = _mode_of(model)
-    props = {p.key: p.value for p in model.metadata_props}
-    props.update({META_KV_UPDATE: mode, META_KV_UPDATE_REASON: reason})
-    del model.metadata_props[:]
-    onnx.helper.set_model_props(model, props)
-    onnx.save(model, str(model_path))  # tensors keep their external references (none were loaded)
+    save_with_metadata(model, model_path, {META_KV_UPDATE: mode, META_KV_UPDATE_REASON: reason})
     return mode, reason
 
 
