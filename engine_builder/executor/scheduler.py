@@ -152,12 +152,10 @@ class Scheduler:
             return Blocks(self.budget.free, kv.available_blocks() if paged else 0)
 
         def grow(r: RequestState) -> None:
-            n = self.required(r)
-            extra = self.budget.blocks_for(n) - self.budget.held(r.index)
-            if extra > 0:
+            if (extra := shortfall(r).budget) > 0:
                 self.budget.grow(r.index, extra)
             if paged:
-                kv.grow(r.slot, n)
+                kv.grow(r.slot, self.required(r))
 
         return grow_or_preempt(list(self.running.values()), shortfall=shortfall, room=room, grow=grow,
                                preempt=self._preempt)
