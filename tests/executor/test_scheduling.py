@@ -143,7 +143,10 @@ def test_preempted_requests_resume_with_identical_tokens(llm, alone):
                                                               ignore_eos=True, priority=1)
     urgent = _greedy(230)  # priority 0: needs both low-priority requests' blocks
     a, b, c = _prompt(30, 40), _prompt(31, 40), _prompt(32, 50)
-    blocks = 2 * -(-(40 + 200) // 16)  # room for the two low-priority requests only
+    # 4 blocks short of what the two low-priority requests need, so the urgent one preempts both whatever
+    # their head start when it arrives (with exactly their room, one of them finished before its preemption
+    # once it had more than ~10 tokens at the urgent one's arrival, as on a loaded machine)
+    blocks = 2 * -(-(40 + 200) // 16) - 4
     with Executor(llm, SchedulerConfig(kv_budget_tokens=blocks * 16, max_tokens_per_step=16)) as executor:
         low = [executor.submit(a, greedy), executor.submit(b, seeded)]
         for h in low:
@@ -151,7 +154,7 @@ def test_preempted_requests_resume_with_identical_tokens(llm, alone):
         first = executor.submit(c, urgent)
         outs = [h.result(timeout=120) for h in (*low, first)]
         stats = executor.stats()
-    assert stats.preemptions == 2
+    assert stats.preemptions >= 2  # a low-priority one readmitted into freed blocks can be preempted again
     assert all(len(h.token_times) == 200 for h in low)  # nothing streamed twice
     assert first.token_times[-1] < min(h.token_times[-1] for h in low)  # the urgent one finished first
     assert outs[0].token_ids == alone(a, greedy).token_ids
