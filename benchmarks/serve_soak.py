@@ -3,7 +3,7 @@ and abandoned requests, for a fixed time.
 
     .venv/bin/python benchmarks/serve_soak.py [--minutes 10] [--valid-clients 4] [--hostile-clients 12]
                                               [--baseline-minutes 1] [--hostile-kinds cut,oversized,top_n,malformed]
-                                              [--work build/bench-serve] [--json]
+                                              [--per-client-limit N] [--work build/bench-serve] [--json]
 
 SmolLM2-135M-Instruct fp32 on the onnxruntime twin (decode.py's engine build, 8 KV slots), one
 `trtbuild serve` subprocess on 127.0.0.1. Valid requests are /v1/completions or TGI /generate, short
@@ -16,6 +16,9 @@ prompts, 8-32 tokens, greedy. Hostile requests are drawn at random:
 
 1. baseline: --valid-clients clients send valid requests for --baseline-minutes: their p99 latency.
 2. soak: the same valid clients plus --hostile-clients hostile ones, for --minutes.
+Each valid client is a user of its own (source address 127.0.0.2, .3, ...); the hostile ones are one
+attacker on 127.0.0.1. --per-client-limit N serves with `--max-concurrent-per-client N`, which bounds what
+the attacker's connections take (over N in flight: 429 before the body is read).
 Reports: responses per kind and status, 5xx count (target 0), the server's RSS growth from after the
 baseline to the end (target < 5 %), and the valid requests' p99 in the soak over the baseline's (target
 <= 1.5x: what the hostile traffic adds, at the same valid load).
@@ -90,9 +93,10 @@ async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: in
     deadline = time.monotonic() + seconds
     results: list[tuple[str, int, float | None]] = []
 
-    async def client_loop(i: int, kinds: tuple[str, ...]) -> None:
+    async def client_loop(i: int, kinds: tuple[str, ...], address: str) -> None:
         rng = random.Random(seed + i)
-        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=300,
+                                     transport=httpx.AsyncHTTPTransport(local_address=address)) as client:
             while time.monotonic() < deadline:
                 kind = rng.choice(kinds)
                 try:
@@ -100,8 +104,9 @@ async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: in
                 except httpx.TransportError:  # a refused oversized upload may reset the connection
                     results.append((kind, 0, None))
 
-    await asyncio.gather(*(client_loop(i, ("valid",)) for i in range(valid_clients)),
-                         *(client_loop(valid_clients + i, hostile) for i in range(hostile_clients)))
+    # each valid client a user of its own, the hostile ones one attacker (Linux routes all of 127/8 to lo)
+    await asyncio.gather(*(client_loop(i, ("valid",), f"127.0.0.{2 + i}") for i in range(valid_clients)),
+                         *(client_loop(valid_clients + i, hostile, "127.0.0.1") for i in range(hostile_clients)))
     return results
 
 
@@ -129,6 +134,8 @@ def main() -> None:
     parser.add_argument("--hostile-kinds", default=",".join(HOSTILE),
                         help="which hostile kinds to draw from (comma-separated; default all): separates what the "
                              "refusals cost from what the cut streams, which are real generation up to the cut, cost")
+    parser.add_argument("--per-client-limit", type=int, default=None,
+                        help="serve with --max-concurrent-per-client N (default: no per-client limit)")
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -139,7 +146,8 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     engine = engine_dirs(args.work, ["default"], 8, 64)["default"]
-    server = LiveServer(engine)
+    limit = () if args.per_client_limit is None else ("--max-concurrent-per-client", str(args.per_client_limit))
+    server = LiveServer(engine, *limit)
     try:
         baseline = asyncio.run(soak(server.url, args.baseline_minutes * 60, args.valid_clients, 0, seed=1))
         rss_start = rss_bytes(server.proc.pid)
@@ -156,7 +164,7 @@ def main() -> None:
     idle, loaded = latencies(baseline), latencies(results)
     result = {
         "minutes": args.minutes, "hostile_kinds": list(kinds), "valid_clients": args.valid_clients,
-        "hostile_clients": args.hostile_clients,
+        "hostile_clients": args.hostile_clients, "per_client_limit": args.per_client_limit,
         "requests": len(results), "baseline_requests": len(baseline),
         "responses": dict(sorted(statuses.items())),
         "http_5xx": sum(n for key, n in statuses.items() if key.split()[1].startswith("5")),
@@ -170,7 +178,8 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     else:
         print(f"{result['requests']} requests in {args.minutes} min from {args.valid_clients} valid + "
-              f"{args.hostile_clients} hostile clients: {result['http_5xx']} 5xx; RSS {result['rss_start_mb']} -> "
+              f"{args.hostile_clients} hostile clients (per-client limit {args.per_client_limit}): "
+              f"{result['http_5xx']} 5xx; RSS {result['rss_start_mb']} -> "
               f"{result['rss_end_mb']} MB ({result['rss_growth']:+.1%}); valid p99 {result['soak_p99_s']} s vs "
               f"{result['baseline_p99_s']} s without the hostile clients ({result['p99_ratio']}x); "
               f"responses {result['responses']}; engine {counters}")

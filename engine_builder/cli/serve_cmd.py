@@ -36,6 +36,10 @@ def serve(
     max_concurrent_requests: Annotated[int, typer.Option(help="Active requests (running + queued) beyond which "
                                                               "new ones get 429 at once.")]
     = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    max_concurrent_per_client: Annotated[int | None, typer.Option(
+        help="Requests in flight per client address beyond which its next one gets 429 before its body is read "
+             "(default: no per-client limit). Set it on a shared endpoint: one client opening streams, even "
+             "ones it drops at once, otherwise takes the compute every other client waits for.")] = None,
     max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer is refused. "
                                                               "Default: the engine's max_input_len.")] = None,
     max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more is refused. "
@@ -128,6 +132,7 @@ def serve(
                  max_request_bytes=max_request_bytes,
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
+                 max_concurrent_per_client=max_concurrent_per_client,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
                  verify=not no_verify, speculative=spec)

@@ -19,6 +19,7 @@ from engine_builder.server import embeddings_api, openai_api, tgi, tokenize_api
 from engine_builder.server.access_log import AccessLogMiddleware, LogFormat
 from engine_builder.server.auth import ApiKeyMiddleware
 from engine_builder.server.body_limit import BodyLimitMiddleware
+from engine_builder.server.client_limit import ClientLimitMiddleware
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.generation import ServerState
 from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
@@ -39,8 +40,11 @@ def create_app(executor: Executor, config: ServerConfig, access_log: Callable[[s
         state.metrics.rejected.labels(str(status)).inc()
 
     install_error_handlers(app, on_error=count_rejected)
-    # outermost last: the key is checked first, then the body's size, before anything reads it
+    # outermost last: the key is checked first, then the client's requests in flight, then the body's size,
+    # before anything reads it
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=count_rejected)
+    if config.max_concurrent_per_client is not None:
+        app.add_middleware(ClientLimitMiddleware, limit=config.max_concurrent_per_client, on_reject=count_rejected)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=count_rejected)
     if access_log is not None:  # outermost: refusals are logged too, streams timed to their last byte

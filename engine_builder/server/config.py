@@ -16,6 +16,9 @@ from engine_builder.util.errors import InputError
 # Active generation requests (queued + running) the server accepts before it answers 429; a
 # queue well beyond the engine's KV slots only adds latency, never throughput.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+# Per client address no limit by default: a benchmark or a proxy in front sends everything from one
+# address. On a public endpoint set --max-concurrent-per-client, so one client flooding the server with
+# streams (even ones it drops at once: each is a prefill) cannot take the compute other clients need.
 # A request body larger than this gets 413 before it is read: 1 MiB holds far more prompt text than
 # any engine's max_input_len (a 50 MB body once took 67 s and 13 GB to tokenize and refuse).
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
@@ -42,11 +45,14 @@ class ServerConfig:
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS  # top_n_tokens / top_logprobs / logprobs (refused above)
     max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # stop strings per request (refused above)
     max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS  # characters per stop string (refused above)
+    max_concurrent_per_client: int | None = None  # active requests per client address (429 above); None: any
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""
         if self.max_concurrent_requests < 1:
             raise InputError(f"--max-concurrent-requests must be >= 1, got {self.max_concurrent_requests}")
+        if self.max_concurrent_per_client is not None and self.max_concurrent_per_client < 1:
+            raise InputError(f"--max-concurrent-per-client must be >= 1, got {self.max_concurrent_per_client}")
         if self.api_key is not None and not self.api_key.strip():
             raise InputError("--api-key is empty; give a non-empty key or leave the option out")
         if not self.model_name.strip():
@@ -71,7 +77,8 @@ class ServerConfig:
                    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
                    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
                    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
-                   max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS) -> ServerConfig:
+                   max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+                   max_concurrent_per_client: int | None = None) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_input = limits.max_input_len if max_input_tokens is None else max_input_tokens
@@ -84,4 +91,5 @@ class ServerConfig:
                              f"most {limits.max_seq_len} (the engine's max_seq_len); adjust it or rebuild the engine "
                              "with a larger --max-seq-len")
         return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
-                   request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars)
+                   request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars,
+                   max_concurrent_per_client)

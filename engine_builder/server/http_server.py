@@ -56,7 +56,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
-          max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+          max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
@@ -88,7 +88,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_concurrent_requests=max_concurrent_requests, api_key=api_key,
                                      max_request_bytes=max_request_bytes, request_timeout=request_timeout,
                                      max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
-                                     max_stop_sequence_chars=max_stop_sequence_chars)
+                                     max_stop_sequence_chars=max_stop_sequence_chars,
+                                     max_concurrent_per_client=max_concurrent_per_client)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
@@ -111,7 +112,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
             if log is not None:
                 log(f"{name}: {llm.backend_name} ({llm.backend_reason}); max batch {batch}, max input tokens "
                     f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
-                    f"requests {config.max_concurrent_requests}, max request bytes {config.max_request_bytes}, "
+                    f"requests {config.max_concurrent_requests}"
+                    f"{_per_client(config.max_concurrent_per_client)}, max request bytes {config.max_request_bytes}, "
                     f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}"
                     f"{_speculative_summary(speculative)}")
             app = create_app(executor, config, access_log=log if log_format else None,
@@ -120,6 +122,10 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
         finally:
             executor.shutdown(drain=False)
+
+
+def _per_client(limit: int | None) -> str:
+    return "" if limit is None else f" ({limit} per client)"
 
 
 def _speculative_summary(config: SpeculativeConfig | None) -> str:
