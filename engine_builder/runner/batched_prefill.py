@@ -20,7 +20,12 @@ How, and why it is exact (the same contract the speculative verify step relies o
   * a row's first token comes from its last real position, at tail index (tail - 1) - padding: the graph
     returns the last min(width, logits_tail) positions, so the padding of every row must stay below
     logits_tail (`fits`).
-Greedy tokens equal the request prefilled alone (tests/executor/test_prefill_batching.py).
+Greedy and sampled tokens (each row keeps its own SamplingParams and seeded generator) equal the request
+prefilled alone (tests/executor/test_prefill_batching.py). Where the call takes the graph's generic attention
+branch (a row starts past 0: a prefix-cache hit or a decoding rider; passes/lower_ort_attention.py), its
+logits differ from a solo call's by float rounding (measured: up to 5e-5 on SmolLM2 fp32), which moves a
+seeded draw's cumulative distribution by about 1e-6: a draw that lands that close to a token boundary can
+flip, as it can between any two differently shaped calls.
 
 Not here: the paged layout (a padded or riding row would write into blocks its table may not hold yet:
 per-request prefill there), longrope models (a padded row could cross the rope switch), requests that
@@ -49,20 +54,17 @@ def supported(generator: Generator) -> bool:
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
-    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring), for a greedy
-    request? Only such requests are batched: the first token is sampled right after the call. Sampled ones
-    keep their own call: in one CI run a seeded request's streamed and non-streamed twins (one batched, one
-    not, by timing) drew different first tokens (tests/server/test_serve_concurrency.py), cause not found yet."""
-    return r.params.greedy and r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
+    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such requests
+    are batched: the first token is sampled right after the call."""
+    return r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
 
 
 def start(generator: Generator, r: RequestState) -> int:
-    """Where r's row will start: its slot's length, or past the prompt's cached blocks that Generator.prefill
-    (or prefill_together) would load into a still-empty slot. Looks only: nothing is loaded yet."""
-    kv_length, cache = generator.backend.kv.length(r.slot), generator.prefix_cache
-    if cache is not None and not r.token_ids and kv_length == 0:
-        return len(cache.match(r.prompt_ids)) * cache.block_size
-    return kv_length
+    """Where r's row will start: its slot's length, once the prompt's cached blocks are in a fresh slot. They are
+    copied NOW (Generator.load_cached_prefix, once per slot), not when the call runs: the step's earlier calls
+    store their prompts' blocks before this one runs, and a row that then found more of its prompt cached would
+    be shorter than planned, its padding past logits_tail and its logits read from the wrong position."""
+    return generator.load_cached_prefix(r)
 
 
 def fits(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -> bool:
@@ -82,15 +84,17 @@ def fits(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -
 
 def prefill_together(generator: Generator, requests: Sequence[RequestState], events: list[Event]) -> int:
     """Prefill every request's remaining context in one engine call and sample each one's first token.
-    The caller checked `fits`. Returns the tokens the call fed (rows x width)."""
-    backend, kv, cache = generator.backend, generator.backend.kv, generator.prefix_cache
+    The caller planned the group (start, fits); one that does not fit raises instead of reading a row's logits
+    from the wrong position. Returns the tokens the call fed (rows x width)."""
+    backend, kv = generator.backend, generator.backend.kv
     by_slot = sorted(requests, key=lambda r: r.slot)
-    for r in by_slot:  # cached blocks are copied, not computed (as Generator.prefill does)
-        if cache is not None and not r.token_ids and kv.length(r.slot) == 0:
-            cache.load(r.prompt_ids, r.slot)
+    starts = {r.slot: start(generator, r) for r in by_slot}  # the plan's starts (looked up once per slot)
     lo, hi = by_slot[0].slot, by_slot[-1].slot + 1
-    contexts = {r.slot: (r.prompt_ids + r.token_ids)[kv.length(r.slot):] for r in by_slot}
+    contexts = {r.slot: (r.prompt_ids + r.token_ids)[starts[r.slot]:] for r in by_slot}
     width = max(len(c) for c in contexts.values())
+    if not fits(generator, starts, [len(c) for c in contexts.values()]):  # a negative tail index reads junk
+        raise ValueError(f"rows of {[len(c) for c in contexts.values()]} tokens at slots {sorted(starts)} do not "
+                         "fit one call; plan the group with batched_prefill.start and fits")
     ids = np.zeros((hi - lo, width), np.int64)  # riders and padding: token 0
     for slot, context in contexts.items():
         ids[slot - lo, :len(context)] = context
