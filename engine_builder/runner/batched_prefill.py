@@ -8,19 +8,29 @@ costs one engine call each when prefilled alone, and a small call costs about wh
 extra calls that the decoding streams wait behind. One call of [rows, width] does them all.
 
 How, and why it is exact (the same contract the speculative verify step relies on):
-  * each row writes its tokens at its own length (the graph's per-row past_lengths), so a row that starts
-    past a prefix-cache hit, or a resumed request's context, lines up like a solo prefill would;
+  * every row of the call starts at 0 (`fits`): a fresh prompt without a prefix-cache hit, or a slot riding
+    along (see below) that holds nothing yet. Then the graph takes the branch a solo prefill takes
+    (GroupQueryAttention, passes/lower_ort_attention.py: its If sends batch > 1, seq > 1 calls with any row
+    past 0 to the generic Attention-24 block) and each row's logits are bit for bit its solo call's. A row
+    past 0 (a prefix-cache hit, a decoding request riding along) would take Attention-24, whose logits differ
+    from GQA's by float rounding (up to 5e-5 on SmolLM2 fp32), and a seeded draw's inverse CDF amplifies that
+    over the vocab's many small probabilities: 1e-4 to 2e-2 of draws then pick another token
+    (benchmarks/prefill_branch_numerics.py), against SamplingParams.seed's promise of the same tokens alone or
+    in any batch. Such rows prefill alone;
   * a row shorter than the longest is right-padded with token 0: the padding lies past the row's length
     once it is advanced, where the causal mask hides it from the real tokens (they are earlier positions),
     and every later step writes a position before it reads it (the row's next decode overwrites the first
     padded position, and so on), exactly as rejected drafts of a verify step;
-  * slots inside [first, last] that are not in the group (decoding, free, or mid-way through a chunked
-    prefill) ride along on token 0 at their own length, like the free rows of a batched decode: junk past
-    their length, overwritten before it is read;
+  * slots inside [first, last] that are not in the group (free, or admitted but prefilling later) ride along
+    on token 0 at length 0, like the free rows of a batched decode: junk past their length, overwritten
+    before it is read;
   * a row's first token comes from its last real position, at tail index (tail - 1) - padding: the graph
     returns the last min(width, logits_tail) positions, so the padding of every row must stay below
-    logits_tail (`fits`).
-Greedy tokens equal the request prefilled alone (tests/executor/test_prefill_batching.py).
+    logits_tail (`fits`);
+  * where a row starts is settled when the call is planned (`start` copies a fresh slot's cached prefix
+    then), not when it runs: the step's earlier calls store their prompts' blocks in between.
+Greedy and sampled tokens (each row keeps its own SamplingParams and seeded generator) equal the request
+prefilled alone (tests/executor/test_prefill_batching.py).
 
 Not here: the paged layout (a padded or riding row would write into blocks its table may not hold yet:
 per-request prefill there), longrope models (a padded row could cross the rope switch), requests that
@@ -49,25 +59,24 @@ def supported(generator: Generator) -> bool:
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
-    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring), for a greedy
-    request? Only such requests are batched: the first token is sampled right after the call. Sampled ones
-    keep their own call: in one CI run a seeded request's streamed and non-streamed twins (one batched, one
-    not, by timing) drew different first tokens (tests/server/test_serve_concurrency.py), cause not found yet."""
-    return r.params.greedy and r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
+    """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such requests
+    are batched: the first token is sampled right after the call."""
+    return r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
 
 
 def start(generator: Generator, r: RequestState) -> int:
-    """Where r's row will start: its slot's length, or past the prompt's cached blocks that Generator.prefill
-    (or prefill_together) would load into a still-empty slot. Looks only: nothing is loaded yet."""
-    kv_length, cache = generator.backend.kv.length(r.slot), generator.prefix_cache
-    if cache is not None and not r.token_ids and kv_length == 0:
-        return len(cache.match(r.prompt_ids)) * cache.block_size
-    return kv_length
+    """Where r's row will start: its slot's length, once the prompt's cached blocks are in a fresh slot. They are
+    copied NOW (Generator.load_cached_prefix, once per slot), not when the call runs: the step's earlier calls
+    store their prompts' blocks before this one runs, and a row that then found its prompt cached would start
+    past 0 (the inexact attention branch) and be shorter than planned, its padding past logits_tail and its
+    first token sampled from a padding position's logits."""
+    return generator.load_cached_prefix(r)
 
 
 def fits(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -> bool:
     """Can one call of width max(lengths) run over every slot from the first to the last key of starts (slot ->
-    where that request's row starts), the slots between riding along at their own lengths?"""
+    where that request's row starts), the slots between riding along at their own lengths, and give each row
+    exactly its solo call's logits?"""
     backend, kv = generator.backend, generator.backend.kv
     width = max(lengths)
     if width > backend.max_input_len or width - min(lengths) >= backend.logits_tail:
@@ -76,21 +85,23 @@ def fits(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -
     rows = kv.lengths[lo:hi].copy()
     for slot, at in starts.items():
         rows[slot - lo] = at
-    # every row of the range writes `width` positions at its own length: none may run past the buffer
-    return bool((rows + width <= kv.max_seq).all())
+    # a row past 0 sends the whole call to the graph's generic attention branch: not its solo call's numerics
+    return not rows.any() and width <= kv.max_seq
 
 
 def prefill_together(generator: Generator, requests: Sequence[RequestState], events: list[Event]) -> int:
     """Prefill every request's remaining context in one engine call and sample each one's first token.
-    The caller checked `fits`. Returns the tokens the call fed (rows x width)."""
-    backend, kv, cache = generator.backend, generator.backend.kv, generator.prefix_cache
+    The caller planned the group (start, fits); one that does not fit raises instead of reading a row's logits
+    from the wrong position. Returns the tokens the call fed (rows x width)."""
+    backend, kv = generator.backend, generator.backend.kv
     by_slot = sorted(requests, key=lambda r: r.slot)
-    for r in by_slot:  # cached blocks are copied, not computed (as Generator.prefill does)
-        if cache is not None and not r.token_ids and kv.length(r.slot) == 0:
-            cache.load(r.prompt_ids, r.slot)
+    starts = {r.slot: start(generator, r) for r in by_slot}  # the plan's starts (looked up once per slot)
     lo, hi = by_slot[0].slot, by_slot[-1].slot + 1
-    contexts = {r.slot: (r.prompt_ids + r.token_ids)[kv.length(r.slot):] for r in by_slot}
+    contexts = {r.slot: (r.prompt_ids + r.token_ids)[starts[r.slot]:] for r in by_slot}
     width = max(len(c) for c in contexts.values())
+    if not fits(generator, starts, [len(c) for c in contexts.values()]):  # a negative tail index reads junk
+        raise ValueError(f"rows of {[len(c) for c in contexts.values()]} tokens at slots {sorted(starts)} do not "
+                         "fit one call; plan the group with batched_prefill.start and fits")
     ids = np.zeros((hi - lo, width), np.int64)  # riders and padding: token 0
     for slot, context in contexts.items():
         ids[slot - lo, :len(context)] = context

@@ -174,16 +174,27 @@ class Generator:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
         return 0 if r.token_ids else len(r.prompt_ids) - self.backend.kv.length(r.slot)
 
+    def load_cached_prefix(self, r: RequestState) -> int:
+        """Where r's next prefill chunk starts: its slot's length, after copying the prompt's cached blocks into
+        the slot (cached blocks are copied, not computed) if r is fresh (slot empty, nothing generated, prompt not
+        scored: cached blocks have no logits to score). The lookup happens once per slot: a later call only
+        looks, so blocks another prompt stores meanwhile cannot move a start a caller already planned with
+        (batched_prefill.start sizes a shared call before the step's earlier calls store their prompts)."""
+        kv = self.backend.kv
+        if (not r.prefix_looked_up and self.prefix_cache is not None and not r.token_ids
+                and r.prompt_logprobs is None and kv.length(r.slot) == 0):
+            self.prefix_cache.load(r.prompt_ids, r.slot)
+        r.prefix_looked_up = True
+        return kv.length(r.slot)
+
     def prefill(self, r: RequestState, events: list[Event], max_tokens: int | None = None) -> None:
         """Write the next tokens of r's context into its slot at the slot's length: all of them, or at
         most max_tokens (chunked prefill). After the last one, r's next token is sampled. The context
         is the prompt, plus the generated tokens when a longrope re-prefill starts over at 0."""
         kv = self.backend.kv
         context = r.prompt_ids + r.token_ids
-        start = kv.length(r.slot)
-        scored = r.prompt_logprobs is not None and not r.token_ids  # cached blocks have no logits to score
-        if start == 0 and not r.token_ids and self.prefix_cache is not None and not scored:
-            start = self.prefix_cache.load(r.prompt_ids, r.slot)  # cached blocks are copied, not computed
+        start = self.load_cached_prefix(r)
+        scored = r.prompt_logprobs is not None and not r.token_ids
         end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
         if end == len(context) and r.sampling.grammar is not None:
             r.sampling.grammar.prefetch()
@@ -277,3 +288,4 @@ class Generator:
         self._next_ids[r.slot, 0] = 0  # an idle row feeds token 0 at length 0
         self.backend.release(r.slot)
         r.slot = None
+        r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again

@@ -53,6 +53,8 @@ class RequestState:
     text: str = ""  # final text (filled when finished)
     # params.prompt_logprobs: one per prompt token, None for the first (runner/prompt_logprobs.py)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # the prompt's cached prefix was looked up for this slot (Generator.load_cached_prefix): at most once
+    prefix_looked_up: bool = False
 
     @property
     def finished(self) -> bool:
