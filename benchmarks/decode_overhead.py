@@ -1,25 +1,30 @@
 """Where our float32 decode step's time goes against onnxruntime-genai's float32 model, in one process.
 
     python benchmarks/decode_overhead.py [--threads 1 2] [--tokens 128] [--rounds 5] [--prompt-tokens 32]
-                                         [--work build/bench-peers] [--profile] [--json]
+                                         [--ours ENGINE_DIR ...] [--genai MODEL_DIR] [--work build/bench-peers]
+                                         [--unpacked] [--profile] [--json]
 
-Both models come from the bundled SmolLM2 Q4_1 GGUF (benchmarks/peers_build.py: our fp32 twin via
-convert + build, onnxruntime-genai's via its own model builder on the dequantized GGUF) and run on the
-same onnxruntime. Per decoded token, at each --threads:
-  (i)   ours bare: session.run_with_iobinding on our step graph, the decode binding made once, the
-        cache bound in place; per step only the position and the cache length are written
-  (v)   genai bare: the same loop on genai's graph with the same session options (its cache bound in
-        place too, as its past_present_share_buffer does; its attention_mask rebound per step, as genai does)
-  (ii)  ours backend.step: bind + execute + read_logits + kv.advance (engine_builder/runner/ort_backend.py)
+By default both models are benchmarks/peers.py's, made if missing from the bundled SmolLM2 Q4_1 GGUF
+(benchmarks/peers_build.py: our fp32 twin via convert + build, onnxruntime-genai's via its own model
+builder on the dequantized GGUF); --ours takes several engine dirs (an A/B of two builds). All run on
+the same onnxruntime. Per decoded token, at each --threads:
+  (i)   ours bare: session.run_with_iobinding on our step graph, the LLM's own session and decode binding;
+        per step only the position and the cache length are written (the cache bound in place)
+  (i')  with --unpacked: the same on model.onnx packed at load instead of the prepacked twin
+  (ii)  ours backend.step: bind + execute + read_logits + argmax + kv.advance (runner/ort_backend.py)
   (iii) ours LLM: the generator loop as benchmarks/peers.py times it (sampler, stop checks, detokenizer)
+  (v)   genai's graph in loop (i), with our session options (its cache bound in place too, as its
+        past_present_share_buffer does; its attention_mask rebound per step, as genai does)
+  (v')  the same with onnxruntime's default session options (genai's)
   (iv)  genai's own loop: og.Generator.generate_next_token, as benchmarks/peers.py times it
-(i) vs (v) is the graph alone; (ii) - (i) and (iii) - (ii) are our Python per token; (iv) - (v) is
-genai's. Each figure is the median over --rounds, the five loops interleaved within each round, with
-wall and process CPU time (time.process_time: every thread of this process, spinning included). The
-bare loops start at --prompt-tokens cached positions (zeros: attention's cost depends on the lengths,
-not the values) and decode --tokens steps; the generate loops prefill the same number of prompt ids.
---profile adds onnxruntime's profiler over the two bare loops: ms per step and node count per op type
-(If's time counted without the kernels of the branch it ran) and the run's time outside kernels.
+(i) - (v) is the graph alone; (ii) - (i) and (iii) - (ii) are our Python per token; (iv) - (v') is
+genai's loop. Each figure is the median over --rounds; every loop runs once per round, in one order
+then the reverse. Wall and process CPU time (time.process_time: every thread of this process,
+spinning included). The bare loops start at --prompt-tokens cached positions (zeros: attention's cost
+depends on the lengths, not the values) and decode --tokens steps; the generate loops prefill the
+eval text's first --prompt-tokens ids. --profile adds onnxruntime's profiler over each bare loop: ms
+per step and node count per op type (If's own time, without the branch it ran) and the run's time
+outside kernels. The profiler adds a fixed cost per node, so it magnifies what node counts cost.
 """
 
 from __future__ import annotations

@@ -15,6 +15,22 @@ passes/attention_block.py for what is matched):
         else: the TensorScatter + Attention-24 block as before (reshaped from q3, k3, v3)
     -> out [batch, seq, heads * head_dim], present_key, present_value
 
+or, when the rotary table is a fixed function of the position (plain, linear or llama3 rope over the whole
+head: no attention factor, nothing computed from the sequence length), GQA rotates q and k itself from
+[max_seq, head_dim / 2] cos/sin caches computed here, and reads q, k and v from the projection's one
+output when they are split from it (no q/k norm between):
+
+    If(...)
+        then: GroupQueryAttention(qkv, -, -, past_key, past_value, seqlens_k, total_len, cos_cache, sin_cache,
+                                  do_rotary=1)
+        else: Split(qkv) -> RotaryEmbedding(q3), RotaryEmbedding(k3) -> the fallback block as before
+
+so a decode step runs no Split and no RotaryEmbedding node (90 fewer kernels per SmolLM2 step: the
+Split and RotaryEmbedding kernels were 0.5-1.1 ms of a 23-28 ms profiled step on a quiet Xeon at 2
+threads, benchmarks/decode_overhead.py --profile). GQA derives each token's position from seqlens_k,
+past_lengths[b] + t: what the runner binds as position_ids (graph_io's contract; a ragged row's padding
+is rotated differently, which only its masked slots see). drop_ort_attention_fallback then removes the If.
+
 Why the If: onnxruntime 1.31's CPU GQA refuses a multi-token step over a non-empty cache when
 batch > 1 ("batch_size must be 1 when sequence_length > 1 and past context is given."), which the
 graph contract allows (batched chunked prefill, prefix reuse). Every other step takes GQA, and
@@ -24,11 +40,10 @@ Semantics checked against the unfused graph (tests/passes/test_lower_ort_attenti
   * seqlens_k = past_lengths + seq - 1 (int32), total_sequence_length = max(past_lengths) + seq.
   * the additive mask is dropped: GQA is causal over slots 0..past_lengths[b] + t, and its
     local_window_size W keeps slots j > p - W, exactly transformers' sliding window.
-  * rotary stays our RotaryEmbedding-23 (3-D form): GQA's do_rotary would derive positions from
-    seqlens_k (ignoring position_ids) and needs a static [max_pos, rot/2] table, which dynamic and
-    longrope scaling do not have. The RotaryEmbedding kernels are ~1% of a SmolLM2-shaped decode
-    step (onnxruntime profile, 6-7 us per node), the most do_rotary could save.
-  * the If costs ~16 us per layer beyond its GQA (same profile), ~1% of that decode step.
+  * other rotary (dynamic NTK, longrope: tables computed from the sequence length; yarn's attention
+    factor; partial rotary) stays our RotaryEmbedding-23 (3-D form) before the If.
+  * the If costs 15-21 us per layer beyond its GQA (profile above), and every value only its else
+    branch reads (mask, rotary tables) is computed each step: passes/drop_ort_attention_fallback.py.
   * CPU GQA has float32 and float16 kernels only (bfloat16: "Could not find an implementation"),
     and needs head_dim % 8 == 0.
   * with past/present in separate buffers GQA writes zeros above each sequence's length, where
