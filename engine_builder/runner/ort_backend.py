@@ -17,6 +17,11 @@ KV update, chosen from the graph (formats/kv_update_graph.py; the build records 
 A model metadata entry trtbuild.kv_update = in_place | copy overrides the graph inspection; every build
 writes one, so a load reads it from the session's metadata without importing onnx.
 
+trtbuild.gqa_rows_per_call = 1 (passes/drop_ort_attention_fallback.py: GroupQueryAttention without the If
+that served the one step CPU GQA refuses): a step of several rows and several tokens over a non-empty
+cache (batched chunked prefill, prefix reuse) runs one row per call, each binding pointing at its row
+of the same ids, positions, cache and logits buffers.
+
 Graph optimization level: ENABLE_ALL for float32; BASIC for float16/bfloat16, because DESIGN §4
 records EXTENDED corrupting some fp16 graphs. Measured here (SmolLM2 and the tiny models, default
 and GroupQueryAttention graphs, 12 greedy steps vs ORT_DISABLE_ALL): every level gave the same
