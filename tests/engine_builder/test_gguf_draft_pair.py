@@ -1,9 +1,10 @@
 """An int4 draft of a GGUF's float32 build: `convert --quant gguf --lm-head int8`, `build --twin-accuracy draft`.
 
-The draft keeps the GGUF's own 4-bit blocks (the target's weights) with lm_head int8 per output channel, and
-its onnxruntime twin runs every quantized linear at MatMulNBits accuracy level 4 (int8 activations), block
-offsets included: not exact, which a speculative draft need not be (the target verifies every token), so
-the tests bound it against the exact lowering and check that speculative greedy tokens stay the target's.
+The draft keeps the GGUF's own 4-bit blocks (the target's weights) with lm_head int8 per 32 inputs (a Q8_0
+table's own blocks), and its onnxruntime twin runs every quantized linear at MatMulNBits accuracy level 4 (int8
+activations), block offsets included: not exact, which a speculative draft need not be (the target verifies
+every token), so the tests bound it against the exact lowering and check that speculative greedy tokens stay the
+target's.
 TensorRT's graph is the same as without the option.
 """
 
@@ -73,10 +74,15 @@ def test_int8_lm_head_beside_the_blocks(pairs, tied):
     assert q.quantized == (*blocks_q.quantized, "lm_head") and blocks_q.excluded == (() if tied else ("lm_head",))
     draft, blocks, floats = (load_file(pair / d / "rank0.safetensors") for d in ("draft", "blocks", "float"))
     codes, scale = draft["lm_head.weight"], draft["lm_head.weight_scale"]
-    assert codes.dtype == np.int8 and scale.shape == (codes.shape[0],)
-    # per output channel: within half a step of the row's scale of the float conversion's head
+    assert codes.dtype == np.int8 and scale.shape == (codes.shape[0], codes.shape[1] // 32)
+    assert (q.lm_head_group_size, q.for_linear("lm_head").group_size) == (32, 32)
+    # one scale per 32 inputs holds the Q8_0 table's own blocks: the float conversion's head to float rounding
+    # (per output channel, as before, each weight moved by up to half a step of its row's scale)
     want = floats["lm_head.weight" if "lm_head.weight" in floats else "embed.weight"]
-    assert np.all(np.abs(codes * scale[:, None] - want) <= scale[:, None] * (0.5 + 1e-5))
+    got = codes * np.repeat(scale, 32, axis=1)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    assert np.array_equal(np.abs(codes).reshape(len(codes), -1, 32).max(-1) == 127, np.abs(want).reshape(
+        len(want), -1, 32).max(-1) > 0)  # each block's largest weight at code +-127: Q8_0's d = amax / 127
     # every other tensor is the --quant gguf checkpoint's (the blocks, the float embedding for the gather)
     for name in set(blocks) - {"lm_head.weight", "lm_head.weight_scale", "lm_head.weight_offset"}:
         assert np.array_equal(draft[name], blocks[name]), name
@@ -127,6 +133,33 @@ def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
         assert [o.token_ids for o in spec.generate(prompt_token_ids=prompts, params=params)] == want
         stats = spec.generator.stats
         assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.5  # the target's own weights: mostly agrees
+
+
+def test_draft_of_max_batch_1_attends_without_the_if(pair, tmp_path):
+    """max_batch 1 (a draft steps one request at a time): lower_ort_attention_single, GQA without the per-layer If,
+    and the same tokens as the max_batch 2 build's, chunked prefill (multi-token steps over a cache) included."""
+    passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], "draft"))
+    limits = Limits(max_batch=1, max_input_len=8, max_seq_len=96)
+    one = build(pair / "draft", tmp_path / "one", BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                                              limits=limits, passes=passes))
+    report = {r["name"]: r["matches"] for r in one.passes["onnxruntime"]}
+    layers = CheckpointConfig.load(pair / "draft").model.num_layers
+    assert report["lower_ort_attention_single"] == layers and "lower_ort_attention" not in report
+    ops = [n.op_type for n in ir.load(tmp_path / "one" / ORT_MODEL).graph]
+    assert "If" not in ops and ops.count("GroupQueryAttention") == layers
+    two = twin(pair / "draft", tmp_path / "two", "draft")
+    assert {r["name"]: r["matches"] for r in two.passes["onnxruntime"]}["lower_ort_attention"] == layers
+    prompt = [5 + (7 * i) % 120 for i in range(20)]
+    logits = {}
+    for name in ("one", "two"):  # the prompt in chunks of 8, as the draft proposer feeds one: steps over a cache
+        backend = LLM(tmp_path / name).backend
+        slot, logits[name] = backend.kv.allocate(0, len(prompt), 8), []
+        for start in range(0, len(prompt), 8):
+            chunk = prompt[start:start + 8]
+            logits[name].append(backend.step(slot, np.asarray([chunk], np.int64)).copy())
+            backend.kv.advance(slot, len(chunk))
+    for got, want in zip(logits["one"], logits["two"]):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_cli_builds_tensorrt_unchanged_beside_the_draft_twin(pair, tmp_path):
