@@ -124,11 +124,16 @@ def test_draft_accuracy_runs_every_linear_at_level_4_within_bound(pair, tmp_path
 def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
     twin(pair / "float", tmp_path / "target", "auto")
     twin(pair / "draft", tmp_path / "draft", "draft")
+    passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], "draft"))
+    one = Limits(max_batch=1, max_input_len=32, max_seq_len=96)
+    build(pair / "draft", tmp_path / "draft1", BuildConfig(targets=("onnxruntime",), dtype="float32", passes=passes,
+                                                           limits=one))
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompts = [[5 + (7 * i) % 120 for i in range(20)], [3 + (11 * i) % 100 for i in range(9)]]
     want = [o.token_ids for o in LLM(tmp_path / "target").generate(prompt_token_ids=prompts, params=params)]
-    for k in (4, None):  # fixed and adaptive draft length
-        spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / "draft"),
+    # fixed and adaptive draft length; draft1 (max_batch 1, no If) drafts for one of the two requests at a time
+    for k, draft in ((4, "draft"), (None, "draft"), (4, "draft1")):
+        spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / draft),
                                                                      num_draft_tokens=k))
         assert [o.token_ids for o in spec.generate(prompt_token_ids=prompts, params=params)] == want
         stats = spec.generator.stats
