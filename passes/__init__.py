@@ -11,7 +11,6 @@ from passes import (  # noqa: F401
     fuse_rms_norm,
     fuse_rotary,
     lower_ort_attention,
-    lower_ort_attention_single,
     lower_ort_matmul_transb,
     lower_ort_matmulnbits,
     lower_ort_matmulnbits_draft,

@@ -143,9 +143,7 @@ def _check(block: AttentionBlock) -> None:
         raise NoMatch(f"{block.heads} query heads are not a multiple of {block.kv_heads} KV heads")
 
 
-def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitter, single: bool = False) -> None:
-    """SINGLE: every step of this graph holds one sequence (an engine built with max_batch 1), which CPU GQA
-    always takes: GQA alone, without the If and its fallback (lower_ort_attention_single.py)."""
+def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitter) -> None:
     b, heads, kv_heads, dim = block, block.heads, block.kv_heads, block.head_dim
     q3 = _flat(e, b.q_heads, heads * dim)  # [batch, seq, heads * head_dim]
     k3, v3 = _flat(e, b.k_heads, kv_heads * dim), _flat(e, b.v_heads, kv_heads * dim)
@@ -154,7 +152,7 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         q3 = e.op("RotaryEmbedding", q3, b.rotary.cos, b.rotary.sin, num_heads=heads, **rot)
         k3 = e.op("RotaryEmbedding", k3, b.rotary.cos, b.rotary.sin, num_heads=kv_heads, **rot)
 
-    fast = e if single else _Emitter(graph, f"{e.prefix}/gqa")
+    fast = _Emitter(graph, f"{e.prefix}/gqa")
     gqa_attrs: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads, "scale": b.scale}
     if b.softcap:
         gqa_attrs["softcap"] = b.softcap
@@ -166,9 +164,6 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         gqa_attrs |= {"kv_cache_bit_width": 8, "k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL"}
     fast_out = fast.op("GroupQueryAttention", q3, k3, v3, b.past_key, b.past_value, step.seqlens_k, step.total,
                        *scales, domain=MS_DOMAIN, num_outputs=3, **gqa_attrs)
-    if single:
-        _replace_block(graph, b, e, *fast_out)
-        return
 
     slow = _Emitter(graph, f"{e.prefix}/fallback")
 
@@ -195,14 +190,8 @@ def _lower(graph: ir.Graph, block: AttentionBlock, step: _StepInputs, e: _Emitte
         branch_outputs.append(ir.Graph(inputs=[], outputs=outs, nodes=branch.nodes, name=branch.prefix))
     out, present_key, present_value = e.op("If", step.use_gqa, num_outputs=3, then_branch=branch_outputs[0],
                                            else_branch=branch_outputs[1])
-    _replace_block(graph, b, e, out, present_key, present_value)
-
-
-def _replace_block(graph: ir.Graph, b: AttentionBlock, e: _Emitter, out: ir.Value, present_key: ir.Value,
-                   present_value: ir.Value) -> None:
-    """E's nodes in place of block B: OUT [batch, seq, heads * head_dim] and the presents take over its outputs."""
-    heads, dim = b.heads, b.head_dim
     out.dtype, out.shape = b.q_heads.dtype, ir.Shape([*b.q_heads.shape[:2], heads * dim])
+
     tail = _output_tail(b)
     if tail is None:  # an unusual consumer: give it the [batch, heads, seq, head_dim] it read before
         out = e.op("Transpose", e.op("Reshape", out, e.ints([0, 0, heads, dim])), perm=BHSD)
@@ -224,7 +213,6 @@ def _checked_block(node: ir.Node, graph: ir.Graph) -> AttentionBlock:
 class LowerOrtAttention(Pass):
     name = "lower_ort_attention"
     description = "attention block (rotary, TensorScatter, Attention-24) -> com.microsoft GroupQueryAttention"
-    single = False  # lower_ort_attention_single: GQA without the If, for graphs whose steps hold one sequence
 
     def apply(self, model: ir.Model) -> int:
         blocks, _ = match_attention_nodes(model, _checked_block)
@@ -235,7 +223,7 @@ class LowerOrtAttention(Pass):
         step = _StepInputs(shared, blocks[0])
         graph.insert_before(blocks[0].attention, shared.nodes)
         for block in blocks:
-            _lower(graph, block, step, _Emitter(graph, f"ort_attention.{block.present_key.name}"), self.single)
+            _lower(graph, block, step, _Emitter(graph, f"ort_attention.{block.present_key.name}"))
         ir.passes.common.RemoveUnusedNodesPass()(model)
         model.opset_imports.setdefault(MS_DOMAIN, 1)
         return len(blocks)

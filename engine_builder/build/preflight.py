@@ -12,7 +12,6 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_builder.build.attention_choice import with_attention_lowering
 from engine_builder.build.dtype_choice import DtypeChoice, choose_dtypes, resolved
 from engine_builder.build.moe_check import check_moe_build
 from engine_builder.build.target_check import check_quantized_build
@@ -68,7 +67,7 @@ def preflight(ckpt: Path, out: Path | None, config: BuildConfig, force: bool = F
         config = fit_encoder_limits(config, checkpoint.model)
     quant = checkpoint.quantization
     choice = choose_dtypes(config, checkpoint.dtype, quant)
-    config = with_attention_lowering(resolved(config, choice))  # max_batch 1: no If per layer
+    config = resolved(config, choice)
     twin = config.twin_dtype or config.dtype
     # the twin is always built: its dtype is the one KV-cache and fp8 rules are about
     check_quantized_build(quant, config.targets, twin, config.compute_capabilities)

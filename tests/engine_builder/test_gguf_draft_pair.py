@@ -131,40 +131,13 @@ def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompts = [[5 + (7 * i) % 120 for i in range(20)], [3 + (11 * i) % 100 for i in range(9)]]
     want = [o.token_ids for o in LLM(tmp_path / "target").generate(prompt_token_ids=prompts, params=params)]
-    # fixed and adaptive draft length; draft1 (max_batch 1, no If) drafts for one of the two requests at a time
+    # fixed and adaptive draft length; draft1 (max_batch 1) drafts for one of the two requests at a time
     for k, draft in ((4, "draft"), (None, "draft"), (4, "draft1")):
         spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / draft),
                                                                      num_draft_tokens=k))
         assert [o.token_ids for o in spec.generate(prompt_token_ids=prompts, params=params)] == want
         stats = spec.generator.stats
         assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.5  # the target's own weights: mostly agrees
-
-
-def test_draft_of_max_batch_1_attends_without_the_if(pair, tmp_path):
-    """max_batch 1 (a draft steps one request at a time): lower_ort_attention_single, GQA without the per-layer If,
-    and the same tokens as the max_batch 2 build's, chunked prefill (multi-token steps over a cache) included."""
-    passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], "draft"))
-    limits = Limits(max_batch=1, max_input_len=8, max_seq_len=96)
-    one = build(pair / "draft", tmp_path / "one", BuildConfig(targets=("onnxruntime",), dtype="float32",
-                                                              limits=limits, passes=passes))
-    report = {r["name"]: r["matches"] for r in one.passes["onnxruntime"]}
-    layers = CheckpointConfig.load(pair / "draft").model.num_layers
-    assert report["lower_ort_attention_single"] == layers and "lower_ort_attention" not in report
-    ops = [n.op_type for n in ir.load(tmp_path / "one" / ORT_MODEL).graph]
-    assert "If" not in ops and ops.count("GroupQueryAttention") == layers
-    two = twin(pair / "draft", tmp_path / "two", "draft")
-    assert {r["name"]: r["matches"] for r in two.passes["onnxruntime"]}["lower_ort_attention"] == layers
-    prompt = [5 + (7 * i) % 120 for i in range(20)]
-    logits = {}
-    for name in ("one", "two"):  # the prompt in chunks of 8, as the draft proposer feeds one: steps over a cache
-        backend = LLM(tmp_path / name).backend
-        slot, logits[name] = backend.kv.allocate(0, len(prompt), 8), []
-        for start in range(0, len(prompt), 8):
-            chunk = prompt[start:start + 8]
-            logits[name].append(backend.step(slot, np.asarray([chunk], np.int64)).copy())
-            backend.kv.advance(slot, len(chunk))
-    for got, want in zip(logits["one"], logits["two"]):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_cli_builds_tensorrt_unchanged_beside_the_draft_twin(pair, tmp_path):

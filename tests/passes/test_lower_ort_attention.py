@@ -130,35 +130,3 @@ def test_float16_graph_lowers_within_fp16_rounding(tiny_model_dir, tmp_path):
         feeds = decoder_feeds(reference, batch=len(past), seq=seq, past=past)
         for e, g in zip(reference.run(None, feeds), lowered.run(None, feeds)):
             np.testing.assert_allclose(g.astype(np.float32), e.astype(np.float32), atol=1e-3, rtol=1e-3)
-
-
-@pytest.mark.parametrize("name", ["llama", "mistral"])  # mistral: a sliding window
-def test_single_sequence_lowering_has_no_if_and_keeps_numerics(name, tiny_model_dir, tmp_path):
-    """lower_ort_attention_single (engines of max_batch 1): GQA alone, no If, no fallback; exact on every
-    one-sequence step (decode, first prefill, a multi-token step over a cache), in place through the binding."""
-    cfg, path, model = fused_decoder(tiny_model_dir(name), tmp_path)
-    assert get_pass("lower_ort_attention_single").apply(model) == cfg.num_layers
-    top, every = top_level_counts(model), op_counts(model)
-    assert top[GQA] == every[GQA] == cfg.num_layers
-    assert every["If"] == every["Attention"] == every["TensorScatter"] == 0
-    lowered = save_beside(model, path, "single")
-    assert_matches_unfused(path, lowered, "basic", [(seq, past) for seq, past in STEPS if len(past) == 1] +
-                           [(1, [0]), (4, [0]), (3, [17])])
-    assert get_pass("lower_ort_attention_single").apply(model) == 0  # idempotent
-    assert get_pass("lower_ort_attention").apply(model) == 0
-
-
-def test_build_picks_the_lowering_by_max_batch():
-    """max_batch 1 swaps lower_ort_attention for lower_ort_attention_single in place (and back otherwise)."""
-    from engine_builder.build.attention_choice import with_attention_lowering
-    from engine_builder.formats.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
-
-    default = DEFAULT_PASSES["onnxruntime"]
-    one = with_attention_lowering(BuildConfig(limits=Limits(max_batch=1)))
-    assert one.passes.onnxruntime == tuple("lower_ort_attention_single" if p == "lower_ort_attention" else p
-                                           for p in default)
-    assert with_attention_lowering(BuildConfig(limits=Limits(max_batch=2))).passes.onnxruntime == default
-    back = BuildConfig(limits=Limits(max_batch=4), passes=PassLists(onnxruntime=one.passes.onnxruntime))
-    assert with_attention_lowering(back).passes.onnxruntime == default
-    bare = BuildConfig(limits=Limits(max_batch=1), passes=PassLists(onnxruntime=("fold_constants",)))
-    assert with_attention_lowering(bare) == bare
