@@ -46,7 +46,9 @@ STORY_TASK = "Write a short story about a fox who finds a lost key in the forest
 # of earlier runs' dirs are kept so --work reuses them
 DRAFTS = {"int4_wo": ("int4", {"quant": "int4_wo", "group_size": 64}, "auto"),
           "gguf": ("int4-gguf", {"quant": "gguf"}, "auto"),
-          "gguf_draft": ("int4-gguf-draft", {"quant": "gguf", "lm_head": "int8"}, "draft"),
+          # the int8 head with one scale per 32 inputs (the Q8_0 table's own blocks) since 2026-11-26; before, per
+          # output channel in dir int4-gguf-draft
+          "gguf_draft": ("int4-gguf-draft32", {"quant": "gguf", "lm_head": "int8"}, "draft"),
           "int8_wo": ("int8", {"quant": "int8_wo"}, "auto")}
 
 

@@ -66,7 +66,7 @@ def kept_linears(source: Source, model: ModelConfig, tensors: tuple[PlannedTenso
 def quantization_block(kept: tuple[str, ...], floats: tuple[str, ...], lm_int8: bool = False) -> Quantization:
     if lm_int8:
         return Quantization(scheme="gguf", weight_bits=4, group_size=BLOCK, quantized=(*kept, "lm_head"),
-                            excluded=floats, lm_head="int8")
+                            excluded=floats, lm_head="int8", lm_head_group_size=BLOCK)
     return Quantization(scheme="gguf", weight_bits=4, group_size=BLOCK, quantized=kept, excluded=floats)
 
 
@@ -90,14 +90,17 @@ def append_linear(source: GGUFSource, writer: StreamingSafetensorsWriter, t: Pla
 
 
 def int8_lm_head_layout(shape: tuple[int, ...], dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
-    """--lm-head int8: lm_head as int8_wo stores it (per output channel), whatever block type the file has."""
-    return get_scheme("int8_wo").layout("lm_head", *shape, dtype, None)
+    """--lm-head int8: lm_head as int8_wo stores it with one scale per 32 inputs, whatever block type the file has."""
+    return get_scheme("int8_wo").layout("lm_head", *shape, dtype, BLOCK)
 
 
 def append_int8_lm_head(writer: StreamingSafetensorsWriter, w: np.ndarray, dtype: str) -> None:
     """Write lm_head (float32 [vocab, hidden]: the file's output or tied token_embd tensor, dequantized) as
-    int8 per output channel. A Q8_0 table (SmolLM2's) moves by at most half a step of its row's scale: the
-    draft lm_head of a speculative pair, a quarter of the float bytes that dominate a small int4 model's step."""
+    int8 with one scale per 32 inputs: the draft lm_head of a speculative pair, a quarter of the float bytes that
+    dominate a small int4 model's step. A Q8_0 table (SmolLM2's) is d * q per block of 32 with d = amax / 127, so
+    rounding each block again gives back its own codes and scale: the file's exact head (per output channel, as
+    before, each weight moved by up to half a step of its row's scale, and the draft agreed on fewer tokens)."""
     int8 = get_scheme("int8_wo")
-    for (name, stored, _), array in zip(int8.layout("lm_head", *w.shape, dtype, None), int8.quantize(w, None, None)):
+    for (name, stored, _), array in zip(int8.layout("lm_head", *w.shape, dtype, BLOCK),
+                                        int8.quantize(w, BLOCK, None)):
         writer.append(name, array.astype(FLOAT_DTYPES[stored]) if stored in FLOAT_DTYPES else array)

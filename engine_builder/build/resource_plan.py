@@ -218,7 +218,8 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
                                 "hidden": model.hidden_size, "vocab": model.vocab_size, "source": kind},
         quantization={"scheme": q.scheme, "group_size": q.group_size, "kv_cache": q.kv_cache,
                       "lm_head": ("float" if "lm_head" not in q.quantized else
-                                  "int8 per output channel" if q.lm_head == "int8" else "as the body"),
+                                  "as the body" if q.lm_head != "int8" else "int8 per output channel"
+                                  if q.lm_head_group_size is None else f"int8 per {q.lm_head_group_size} inputs"),
                       "checkpoint_dtype": ckpt_dtype},
         dtypes={"engine": choice.engine, "twin": choice.twin, "why": choice.reason},
         checkpoint_bytes=ckpt_bytes, convert_peak_bytes=convert_peak, build_peak_bytes=build_peak,

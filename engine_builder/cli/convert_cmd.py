@@ -96,8 +96,8 @@ def convert(
         help="How a quantized checkpoint stores lm_head: int8 (per output channel; the default for the "
              "weight-only schemes int8_wo, int4_wo and int4_awq: most of the fidelity of float at a quarter of "
              "its bytes), float (as --exclude lm_head), or same (as the body, e.g. int4). With --quant gguf: "
-             "int8 only, an int8 head beside the file's blocks (a speculative draft's: see `build "
-             "--twin-accuracy draft`).")] = None,
+             "int8 only, an int8 head beside the file's blocks, one scale per 32 inputs (a Q8_0 head exactly; a "
+             "speculative draft's: see `build --twin-accuracy draft`).")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel ranks: shard heads, MLP and vocab over N "
                                                  "rank{i}.safetensors (llama-family decoders).")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel stages: split the layers over M stages.")] = 1,

@@ -41,10 +41,13 @@ class Quantization:
     # (convert --lm-head; the default for weight-only schemes, as llama.cpp keeps its output tensor at 6-8
     # bits under a 4-bit body). A float lm_head is simply not in `quantized`.
     lm_head: Literal["same", "int8"] = "same"
+    # an int8 lm_head's input channels per scale: None per output channel; 32 for `--quant gguf --lm-head int8`,
+    # which keeps a Q8_0 token table's own blocks (d * q per 32 inputs) exactly instead of re-rounding each row
+    lm_head_group_size: int | None = None
 
     def for_linear(self, prefix: str) -> Quantization:
         """The block as linear PREFIX is stored: an int8 lm_head reads as int8_wo per output channel."""
         if prefix == "lm_head" and self.lm_head == "int8" and prefix in self.quantized:
-            return dataclasses.replace(self, scheme="int8_wo", weight_bits=8, group_size=None, zero_point=False,
-                                       activation="none")
+            return dataclasses.replace(self, scheme="int8_wo", weight_bits=8, group_size=self.lm_head_group_size,
+                                       zero_point=False, activation="none")
         return self

@@ -1,9 +1,10 @@
 """An int4 draft of a GGUF's float32 build: `convert --quant gguf --lm-head int8`, `build --twin-accuracy draft`.
 
-The draft keeps the GGUF's own 4-bit blocks (the target's weights) with lm_head int8 per output channel, and
-its onnxruntime twin runs every quantized linear at MatMulNBits accuracy level 4 (int8 activations), block
-offsets included: not exact, which a speculative draft need not be (the target verifies every token), so
-the tests bound it against the exact lowering and check that speculative greedy tokens stay the target's.
+The draft keeps the GGUF's own 4-bit blocks (the target's weights) with lm_head int8 per 32 inputs (a Q8_0
+table's own blocks), and its onnxruntime twin runs every quantized linear at MatMulNBits accuracy level 4 (int8
+activations), block offsets included: not exact, which a speculative draft need not be (the target verifies
+every token), so the tests bound it against the exact lowering and check that speculative greedy tokens stay the
+target's.
 TensorRT's graph is the same as without the option.
 """
 
@@ -73,10 +74,15 @@ def test_int8_lm_head_beside_the_blocks(pairs, tied):
     assert q.quantized == (*blocks_q.quantized, "lm_head") and blocks_q.excluded == (() if tied else ("lm_head",))
     draft, blocks, floats = (load_file(pair / d / "rank0.safetensors") for d in ("draft", "blocks", "float"))
     codes, scale = draft["lm_head.weight"], draft["lm_head.weight_scale"]
-    assert codes.dtype == np.int8 and scale.shape == (codes.shape[0],)
-    # per output channel: within half a step of the row's scale of the float conversion's head
+    assert codes.dtype == np.int8 and scale.shape == (codes.shape[0], codes.shape[1] // 32)
+    assert (q.lm_head_group_size, q.for_linear("lm_head").group_size) == (32, 32)
+    # one scale per 32 inputs holds the Q8_0 table's own blocks: the float conversion's head to float rounding
+    # (per output channel, as before, each weight moved by up to half a step of its row's scale)
     want = floats["lm_head.weight" if "lm_head.weight" in floats else "embed.weight"]
-    assert np.all(np.abs(codes * scale[:, None] - want) <= scale[:, None] * (0.5 + 1e-5))
+    got = codes * np.repeat(scale, 32, axis=1)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    assert np.array_equal(np.abs(codes).reshape(len(codes), -1, 32).max(-1) == 127, np.abs(want).reshape(
+        len(want), -1, 32).max(-1) > 0)  # each block's largest weight at code +-127: Q8_0's d = amax / 127
     # every other tensor is the --quant gguf checkpoint's (the blocks, the float embedding for the gather)
     for name in set(blocks) - {"lm_head.weight", "lm_head.weight_scale", "lm_head.weight_offset"}:
         assert np.array_equal(draft[name], blocks[name]), name
@@ -118,11 +124,16 @@ def test_draft_accuracy_runs_every_linear_at_level_4_within_bound(pair, tmp_path
 def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
     twin(pair / "float", tmp_path / "target", "auto")
     twin(pair / "draft", tmp_path / "draft", "draft")
+    passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], "draft"))
+    one = Limits(max_batch=1, max_input_len=32, max_seq_len=96)
+    build(pair / "draft", tmp_path / "draft1", BuildConfig(targets=("onnxruntime",), dtype="float32", passes=passes,
+                                                           limits=one))
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompts = [[5 + (7 * i) % 120 for i in range(20)], [3 + (11 * i) % 100 for i in range(9)]]
     want = [o.token_ids for o in LLM(tmp_path / "target").generate(prompt_token_ids=prompts, params=params)]
-    for k in (4, None):  # fixed and adaptive draft length
-        spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / "draft"),
+    # fixed and adaptive draft length; draft1 (max_batch 1) drafts for one of the two requests at a time
+    for k, draft in ((4, "draft"), (None, "draft"), (4, "draft1")):
+        spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / draft),
                                                                      num_draft_tokens=k))
         assert [o.token_ids for o in spec.generate(prompt_token_ids=prompts, params=params)] == want
         stats = spec.generator.stats
