@@ -30,25 +30,13 @@ sys.path.append(str(Path(__file__).resolve().parent))  # speculative.py; after t
 def head_share(engine: Path, threads: int, tokens: int = 48) -> float:
     """The lm_head MatMulNBits node's share of the kernel time of ENGINE's decode steps."""
     import onnx
+    from ort_op_profile import profiled_llm
 
-    import engine_builder.runner.ort_backend as ort_backend
-    from engine_builder import LLM, SamplingParams
+    from engine_builder import SamplingParams
 
     graph = onnx.load(str(engine / "model.onnx"), load_external_data=False).graph
     head = next(n.name for n in graph.node if n.op_type == "MatMulNBits" and n.input[1].startswith("lm_head"))
-    plain = ort_backend.session_options
-
-    def with_profiler(*args, **kwargs):
-        options = plain(*args, **kwargs)
-        options.enable_profiling = True
-        options.profile_file_prefix = "/tmp/draft-vocab-profile"
-        return options
-
-    ort_backend.session_options = with_profiler
-    try:
-        llm = LLM(engine, backend="onnxruntime", threads=threads)
-    finally:
-        ort_backend.session_options = plain
+    llm = profiled_llm(engine, threads)
     llm.generate(prompt_token_ids=[llm.encode("The capital of France is")],
                  params=SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True))
     path = Path(llm.backend.session.end_profiling())

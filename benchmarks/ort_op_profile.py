@@ -23,9 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def profile(engine: Path, tokens: int, threads: int | None, context: int | None = None, batch: int = 1) -> dict:
+def profiled_llm(engine: Path, threads: int | None):
+    """LLM(engine) on onnxruntime exactly as users get it, with onnxruntime's profiler on (end_profiling()
+    on llm.backend.session gives the trace's path)."""
     import engine_builder.runner.ort_backend as ort_backend
-    from engine_builder import LLM, SamplingParams
+    from engine_builder import LLM
 
     plain = ort_backend.session_options
 
@@ -37,9 +39,15 @@ def profile(engine: Path, tokens: int, threads: int | None, context: int | None 
 
     ort_backend.session_options = with_profiler
     try:
-        llm = LLM(engine, backend="onnxruntime", threads=threads)
+        return LLM(engine, backend="onnxruntime", threads=threads)
     finally:
         ort_backend.session_options = plain
+
+
+def profile(engine: Path, tokens: int, threads: int | None, context: int | None = None, batch: int = 1) -> dict:
+    from engine_builder import SamplingParams
+
+    llm = profiled_llm(engine, threads)
     params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
     if context is None:
         prompts = [llm.encode("The capital of France is")] * batch
