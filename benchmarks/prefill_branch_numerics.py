@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from decode import engine_dirs  # noqa: E402
+from prefill_logits import shared_logits, solo_logits  # noqa: E402
 from serve_soak import PROMPTS  # noqa: E402
 
 TEMPERATURES = (0.7, 1.0, 1.3)
@@ -45,31 +46,13 @@ def flip_probability(a: np.ndarray, b: np.ndarray, temperature: float) -> float:
 
 
 def measure(llm) -> list[dict]:
-    backend = llm.backend
-    kv = backend.kv
     encoded = [llm.encode(p) for p in PROMPTS]
     rows = []
     for at in range(0, len(encoded) - 2, 3):
         group = encoded[at:at + 3]
-        solo = []
-        for ids in group:
-            slot = kv.allocate("solo", len(ids), 1)
-            solo.append(backend.step(slot, np.asarray(ids, np.int64)[None]).copy()[0])
-            backend.release(slot)
+        solo = solo_logits(llm.backend, group)
         for rider in (False, True):
-            slots = [kv.allocate(i, max(map(len, group)) + RIDER_LENGTH, 1) for i in range(len(group) + rider)]
-            if rider:
-                kv.advance(slots[-1], RIDER_LENGTH)
-            width = max(len(ids) for ids in group)
-            x = np.zeros((len(slots), width), np.int64)
-            for i, ids in enumerate(group):
-                x[i, :len(ids)] = ids
-            backend.bind(slots[0], x)
-            backend.execute()
-            tail = backend.read_tail_logits()
-            shared = [tail[i, tail.shape[1] - 1 - (width - len(ids))].copy() for i, ids in enumerate(group)]
-            for s in slots:
-                backend.release(s)
+            shared = shared_logits(llm.backend, group, RIDER_LENGTH if rider else None)
             rows.append({"prompts": f"{at}-{at + len(group) - 1}",
                          "branch": "Attention-24 (rider at 5)" if rider else "GQA (all rows at 0)",
                          "max_abs_logit_diff": max(float(np.abs(a - b).max()) for a, b in zip(solo, shared)),

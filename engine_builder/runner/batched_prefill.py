@@ -98,10 +98,11 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
     starts = {r.slot: start(generator, r) for r in by_slot}  # the plan's starts (looked up once per slot)
     lo, hi = by_slot[0].slot, by_slot[-1].slot + 1
     contexts = {r.slot: (r.prompt_ids + r.token_ids)[starts[r.slot]:] for r in by_slot}
-    width = max(len(c) for c in contexts.values())
-    if not fits(generator, starts, [len(c) for c in contexts.values()]):  # a negative tail index reads junk
-        raise ValueError(f"rows of {[len(c) for c in contexts.values()]} tokens at slots {sorted(starts)} do not "
-                         "fit one call; plan the group with batched_prefill.start and fits")
+    lengths = [len(c) for c in contexts.values()]
+    width = max(lengths)
+    if not fits(generator, starts, lengths):  # a negative tail index reads junk
+        raise ValueError(f"rows of {lengths} tokens at slots {sorted(starts)} do not fit one call; plan the group "
+                         "with batched_prefill.start and fits")
     ids = np.zeros((hi - lo, width), np.int64)  # riders and padding: token 0
     for slot, context in contexts.items():
         ids[slot - lo, :len(context)] = context

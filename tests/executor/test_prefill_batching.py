@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prefill_logits import shared_logits, solo_logits
 
 from engine_builder import SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
@@ -84,27 +85,9 @@ def test_a_shared_call_computes_each_rows_solo_logits_bit_for_bit(llm):
     whole vocab, so a logit difference of 5e-5 (the generic attention branch's, taken when a row starts past 0)
     flips 1e-4 to 2e-2 of draws (benchmarks/prefill_branch_numerics.py). Rows that all start at 0 get exactly
     their solo call's logits."""
-    backend, kv = llm.backend, llm.backend.kv
     prompts = [llm.encode(p) for p in PROMPTS[:3]]
-    solo = []
-    for ids in prompts:
-        slot = kv.allocate("solo", len(ids), 1)
-        solo.append(backend.step(slot, np.asarray(ids, np.int64)[None]).copy()[0])
-        backend.release(slot)
-    slots = [kv.allocate(i, len(ids), 1) for i, ids in enumerate(prompts)]
-    try:
-        width = max(map(len, prompts))
-        ids = np.zeros((len(prompts), width), np.int64)
-        for i, p in enumerate(prompts):
-            ids[i, :len(p)] = p
-        backend.bind(slots[0], ids)
-        backend.execute()
-        tail = backend.read_tail_logits()
-        shared = [tail[i, tail.shape[1] - 1 - (width - len(p))] for i, p in enumerate(prompts)]
-        assert all(np.array_equal(a, b) for a, b in zip(solo, shared))
-    finally:
-        for s in slots:
-            backend.release(s)
+    solo, shared = solo_logits(llm.backend, prompts), shared_logits(llm.backend, prompts)
+    assert all(np.array_equal(a, b) for a, b in zip(solo, shared))
 
 
 def test_prompts_arriving_together_share_a_call_through_the_executor(llm):
