@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine_builder.server.http_errors import OVERLOADED, error_body, is_openai_route, with_retry_after
+from engine_builder.server.http_errors import OVERLOADED, error_response
 
 
 class ClientLimitMiddleware:
@@ -35,9 +35,7 @@ class ClientLimitMiddleware:
             self._on_reject(OVERLOADED.status)
             message = (f"{client} has {self.in_flight[client]} requests in flight (max_concurrent_per_client "
                        f"{self.limit}, --max-concurrent-per-client); wait for one to end, then retry")
-            response = JSONResponse(error_body(is_openai_route(scope["path"]), OVERLOADED, message),
-                                    status_code=OVERLOADED.status, headers=with_retry_after(OVERLOADED, None))
-            await response(scope, receive, send)
+            await error_response(Request(scope), OVERLOADED, message)(scope, receive, send)
             return
         self.in_flight[client] += 1
         try:
