@@ -10,12 +10,17 @@ import pytest
 from ort_check import decoder_feeds
 from ort_lowering_check import STEPS, assert_matches_unfused, fused_decoder, save_beside, session, top_level_counts
 
+from engine_builder.formats import graph_io as io
 from passes.base import get_pass
 from passes.graph_stats import op_counts
 
 GQA = "com.microsoft.GroupQueryAttention"
 # ORT 1.31.1 CPU: a multi-token step over a non-empty cache needs batch 1
 GQA_LIMIT = "batch_size must be 1 when sequence_length > 1 and past context is given"
+# tiny architectures whose rope is a fixed table of the position (no attention factor, whole head, not
+# dynamic): GQA's do_rotary; qwen2 (yarn's attention factor) and phi3 (partial longrope) keep RotaryEmbedding
+STATIC_ROPE = {"llama", "llama_tied", "mistral", "qwen3", "gemma2", "gemma3_text"}
+QK_NORM = {"qwen3", "gemma3_text"}  # q and k normed after the split: GQA takes them apart
 
 
 @pytest.fixture
@@ -33,8 +38,17 @@ def test_lowers_every_layer_and_keeps_numerics(fused):
     assert top["If"] == every[GQA] == every["Attention"] == layers
     assert top["Attention"] == top["TensorScatter"] == top[GQA] == 0
     assert every["TensorScatter"] == 2 * layers
-    rotary = [n for n in model.graph if n.op_type == "RotaryEmbedding"]  # 3-D [batch, seq, heads * dim]
-    assert len(rotary) == 2 * layers and all("num_heads" in n.attributes for n in rotary)
+    # a rope table that is a fixed function of the position: GQA rotates q and k itself (do_rotary) from
+    # the projection's packed output, and RotaryEmbedding (3-D [batch, seq, heads * dim]) and the q/k/v
+    # Split run in the fallback branch only; any other rope keeps both in the main graph
+    gqa = [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "GroupQueryAttention"]
+    rotating = [n for n in gqa if n.attributes.get("do_rotary") is not None and n.attributes["do_rotary"].value]
+    assert bool(rotating) == (cfg.architecture in STATIC_ROPE)
+    packed = [n for n in rotating if n.inputs[1] is None and n.inputs[2] is None]  # one [.., (h + 2 kv) d] input
+    assert len(packed) == (layers if cfg.architecture in STATIC_ROPE - QK_NORM else 0)
+    rotary = [n for n in model.graph if n.op_type == "RotaryEmbedding"]
+    assert len(rotary) == 2 * (layers - len(rotating)) and all("num_heads" in n.attributes for n in rotary)
+    assert every["RotaryEmbedding"] == 2 * layers
     # q, k, v and the output no longer change layout: only the weight transposes remain
     assert top["Transpose"] == before["Transpose"] - 4 * layers
     windows = [n.attributes["local_window_size"].value for n in ir.traversal.RecursiveGraphIterator(model.graph)
@@ -49,27 +63,20 @@ def test_lowers_every_layer_and_keeps_numerics(fused):
     assert "no Attention-24" in get_pass("lower_ort_attention").why_not(model)
 
 
-def _without_fallback(model: ir.Model) -> None:
-    """Replace each If by its GroupQueryAttention branch: GQA alone, on every step."""
-    for node in [n for n in model.graph if n.op_type == "If"]:
-        (gqa,) = node.attributes["then_branch"].value
-        alone = ir.Node(gqa.domain, gqa.op_type, list(gqa.inputs), attributes=list(gqa.attributes.values()),
-                        num_outputs=3, name=f"{node.name}.gqa")
-        model.graph.insert_before(node, alone)
-        for old, new in zip(node.outputs, alone.outputs):
-            name, old.name = old.name, f"{old.name}.if"
-            new.name, new.shape, new.type = name, old.shape, old.type
-            ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
-    ir.passes.common.RemoveUnusedNodesPass()(model)
-
-
 def test_gqa_alone_is_exact_where_cpu_gqa_accepts_the_step(fused):
-    """The GQA branch by itself: exact (causal per sequence, sliding window, soft-cap) on every step
-    but one, which onnxruntime refuses; that step is why the pass keeps a fallback branch."""
-    _, path, model = fused
+    """drop_ort_attention_fallback: the GQA branch by itself, exact (causal per sequence, sliding window,
+    soft-cap) on every step but one, which onnxruntime refuses and the runner splits into one row per call
+    (tests/runner/test_ort_backend.py); what only the fallback read goes with the If."""
+    cfg, path, model = fused
     get_pass("lower_ort_attention").apply(model)
-    _without_fallback(model)
-    assert top_level_counts(model)["If"] == 0
+    assert get_pass("drop_ort_attention_fallback").apply(model) == cfg.num_layers
+    every = op_counts(model)
+    assert every["If"] == every["Attention"] == every["TensorScatter"] == every["LessOrEqual"] == 0
+    assert every[GQA] == cfg.num_layers
+    if cfg.architecture in STATIC_ROPE:  # GQA rotates: no rotary table is computed from position_ids
+        assert every["RotaryEmbedding"] == every["Cos"] == every["Sin"] == 0
+    assert model.metadata_props[io.META_GQA_ROWS_PER_CALL] == "1"
+    assert get_pass("drop_ort_attention_fallback").apply(model) == 0  # idempotent
     gqa_only = save_beside(model, path, "gqa_only")
     refused = [(seq, past) for seq, past in STEPS if seq > 1 and len(past) > 1 and max(past) > 0]
     assert_matches_unfused(path, gqa_only, "basic", [s for s in STEPS if s not in refused])
