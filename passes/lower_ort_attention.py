@@ -17,8 +17,9 @@ passes/attention_block.py for what is matched):
 
 or, when the rotary table is a fixed function of the position (plain, linear or llama3 rope over the whole
 head: no attention factor, nothing computed from the sequence length), GQA rotates q and k itself from
-[max_seq, head_dim / 2] cos/sin caches computed here, and reads q, k and v from the projection's one
-output when they are split from it (no q/k norm between):
+[max_seq, head_dim / 2] cos/sin caches (the block's own Cos/Sin of the constant positions, which onnxruntime
+folds when it loads the graph: the unlowered graph's tables to the bit, see _rotary_caches), and reads q, k
+and v from the projection's one output when they are split from it (no q/k norm between):
 
     If(...)
         then: GroupQueryAttention(qkv, -, -, past_key, past_value, seqlens_k, total_len, cos_cache, sin_cache,
@@ -267,41 +268,57 @@ def _rotary_caches(graph: ir.Graph, block: AttentionBlock, n: int) -> tuple[ir.V
     derives from seqlens_k, past_lengths[b] + t: what the runner binds as position_ids (graph_io's
     contract; padding of a ragged row gets another rotation, which only its masked slots see). Rope
     scaling that depends on the length (dynamic NTK, longrope), an attention factor, or partial rotary keep
-    the RotaryEmbedding nodes (None)."""
+    the RotaryEmbedding nodes (None).
+
+    The tables are the block's own nodes (Mul, Cos/Sin, Cast) applied to the constant positions 0..max_seq-1,
+    which onnxruntime folds into initializers when it loads the graph (the build's prepacked twin holds
+    them folded): each entry is what the unlowered graph computes at that position, to the bit. Tables
+    computed here in numpy were not: onnxruntime's float32 Cos/Sin (Eigen's vectorized polynomial) differ
+    from a correctly rounded cos by 1-2 ulp on 14-16% of SmolLM2's entries, which the float32 twin shrugs off
+    (KL 8e-12) but MatMulNBits' int8 activations (accuracy level 4) turn into different roundings: the
+    int8_wo g32 SmolLM2 twin moved by KL 0.0028 and its top-1 agreement with fp32 from 0.951 to 0.933."""
     rotary = block.rotary
     if rotary is None or rotary.dim is not None or block.cache_quant is not None:
         return None
-    freqs = []
+    chains = []  # per table: (Cos or Sin node, Cast node or None)
     for value, op_type in ((rotary.cos, "Cos"), (rotary.sin, "Sin")):
-        node = value.producer()
+        node, cast = value.producer(), None
         if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
-            node = node.inputs[0].producer()
+            cast, node = node, node.inputs[0].producer()
         if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
             return None
-        freqs.append(node.inputs[0])
-    if freqs[0] is not freqs[1]:
+        chains.append((node, cast))
+    freqs = chains[0][0].inputs[0]
+    if freqs is not chains[1][0].inputs[0]:
         return None
-    inv_freq = _position_times_constant(freqs[0])
-    if inv_freq is None or inv_freq.shape != (block.head_dim // 2,):
+    found = _position_times_constant(freqs)
+    if found is None or found[0].const_value.numpy().reshape(-1).shape != (block.head_dim // 2,):
         return None
-    positions = np.arange(block.past_key.shape[2], dtype=np.float32)[:, None]
-    angles = positions * inv_freq.astype(np.float32)[None, :]  # float32, as the graph's Mul
-    dtype = block.q_heads.dtype.numpy()
+    inv_freq, position_first = found
+    e = _Emitter(graph, f"ort_attention.rotary_cache.{n}")
+    name = f"ort_attention.rotary_positions.{n}"
+    # Cast(position_ids) to float is exact below 2^24, so the positions are given as float32 already
+    positions = ir.Value(name=name, const_value=ir.tensor(
+        np.arange(block.past_key.shape[2], dtype=np.float32)[:, None], name=name))  # [max_seq, 1]
+    graph.register_initializer(positions)
+    angles = e.op("Mul", *((positions, inv_freq) if position_first else (inv_freq, positions)))
     out = []
-    for name, table in (("cos", np.cos(angles.astype(np.float64))), ("sin", np.sin(angles.astype(np.float64)))):
-        name = f"ort_attention.rotary_{name}_cache.{n}"
-        value = ir.Value(name=name, const_value=ir.tensor(table.astype(np.float32).astype(dtype), name=name))
-        graph.register_initializer(value)
-        out.append(value)
+    for node, cast in chains:
+        table = e.op(node.op_type, angles)
+        if cast is not None:
+            table = e.op("Cast", table, to=cast.attributes["to"].value)
+        out.append(table)
+    graph.insert_before(block.attention, e.nodes)  # inv_freq comes before the block, as its rotary did
     return out[0], out[1]
 
 
-def _position_times_constant(freqs: ir.Value) -> np.ndarray | None:
-    """inv_freq of freqs = Mul(Unsqueeze(Cast(position_ids, float), [-1]), inv_freq) (either order), else None."""
+def _position_times_constant(freqs: ir.Value) -> tuple[ir.Value, bool] | None:
+    """(inv_freq, whether the positions are Mul's first input) of freqs = Mul(Unsqueeze(Cast(position_ids,
+    float), [-1]), inv_freq) (either order), inv_freq a constant of rank 1, else None."""
     mul = freqs.producer()
     if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx"):
         return None
-    for pos, const in (mul.inputs, reversed(mul.inputs)):
+    for first, (pos, const) in enumerate((mul.inputs, reversed(mul.inputs))):
         unsqueeze = pos.producer()
         if const.const_value is None or unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or \
                 ints(unsqueeze.inputs[1]) not in ([-1], [2]):
@@ -310,7 +327,7 @@ def _position_times_constant(freqs: ir.Value) -> np.ndarray | None:
         if cast is None or cast.op_type != "Cast" or cast.inputs[0].name != POSITION_IDS or \
                 cast.inputs[0] not in _graph_inputs(cast):
             continue
-        return const.const_value.numpy().reshape(-1) if const.const_value.numpy().ndim == 1 else None
+        return (const, first == 0) if const.const_value.numpy().ndim == 1 else None
     return None
 
 
