@@ -1,6 +1,7 @@
 """Graph rewrite passes. Importing this package registers every pass (file name == pass name)."""
 
 from passes import (  # noqa: F401
+    drop_ort_attention_fallback,
     eliminate_dead_code,
     fold_constants,
     fuse_attention,

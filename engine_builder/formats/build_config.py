@@ -32,7 +32,8 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
     # onnxruntime: GroupQueryAttention updating a shared past/present buffer in place; quantized
     # linears as MatMulNBits (the tensorrt graph keeps DequantizeLinear -> MatMul, which TRT fuses); float32
     # weights read untransposed by FusedMatMul (no transposed copy at session creation: cold start, issue 16)
-    "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "lower_ort_attention", "lower_ort_paged_attention",
+    "onnxruntime": (*FUSIONS, "fuse_attention_softcap", "lower_ort_attention", "drop_ort_attention_fallback",
+                    "lower_ort_paged_attention",
                     "lower_ort_norms", "lower_ort_matmulnbits", "lower_ort_moe", "lower_ort_matmul_transb",
                     "eliminate_dead_code"),
 }

@@ -56,6 +56,9 @@ META_LOGITS_TAIL = "trtbuild.logits_tail"
 META_REPREFILL_AFTER = "trtbuild.reprefill_after"  # longrope: re-prefill a sequence past this many tokens
 META_KV_UPDATE = "trtbuild.kv_update"  # in_place | copy: may present_* share past_*'s buffer
 META_ORT_ACCURACY_LEVEL = "trtbuild.ort_accuracy_level"  # MatMulNBits accuracy_level the lowering chose
+# "1": a step of several rows and several tokens over a non-empty cache runs one row per call (the onnxruntime
+# twin's GroupQueryAttention without its fallback branch: passes/drop_ort_attention_fallback.py)
+META_GQA_ROWS_PER_CALL = "trtbuild.gqa_rows_per_call"
 
 
 def reprefill_after(metadata: dict[str, str]) -> int | None:

@@ -17,6 +17,11 @@ KV update, chosen from the graph (formats/kv_update_graph.py; the build records 
 A model metadata entry trtbuild.kv_update = in_place | copy overrides the graph inspection; every build
 writes one, so a load reads it from the session's metadata without importing onnx.
 
+trtbuild.gqa_rows_per_call = 1 (passes/drop_ort_attention_fallback.py: GroupQueryAttention without the If
+that served the one step CPU GQA refuses): a step of several rows and several tokens over a non-empty
+cache (batched chunked prefill, prefix reuse) runs one row per call, each binding pointing at its row
+of the same ids, positions, cache and logits buffers.
+
 Graph optimization level: ENABLE_ALL for float32; BASIC for float16/bfloat16, because DESIGN §4
 records EXTENDED corrupting some fp16 graphs. Measured here (SmolLM2 and the tiny models, default
 and GroupQueryAttention graphs, 12 greedy steps vs ORT_DISABLE_ALL): every level gave the same
@@ -108,6 +113,8 @@ class OrtBackend(Backend):
     name = "onnxruntime"
     title = "onnxruntime"
     layout_backends: ClassVar[dict[str, type[OrtBackend]]] = {}  # EngineDir.kv_layout_kind -> class
+    rows_per_call = False  # graph metadata gqa_rows_per_call (passes/drop_ort_attention_fallback.py)
+    _row_bindings: list[ort.IOBinding] | None = None  # a step run a row a call: its bindings, one per row
 
     @classmethod
     def usable(cls, engine: EngineDir) -> tuple[bool, str]:
@@ -135,6 +142,8 @@ class OrtBackend(Backend):
         self.reprefill_after = io.reprefill_after(meta)
         self.all_logits = meta.get(io.META_ALL_LOGITS) == "true"
         self.logits_tail = io.logits_tail(meta)  # 1 << 30 with all_logits: every position
+        # GQA without its fallback branch: a multi-token step of several rows over a non-empty cache runs a row a call
+        self.rows_per_call = meta.get(io.META_GQA_ROWS_PER_CALL) == "1"
         if kv_update is not None:
             self.kv_update, self.kv_update_reason = kv_update, "requested"
         else:  # the build's record in the graph's metadata; engine dirs built before it: read the graph
@@ -174,12 +183,17 @@ class OrtBackend(Backend):
                 binding = self._verify_bindings[first_slot, seq] = self._make_binding(first_slot, 1, seq)
         else:
             binding = self._make_binding(first_slot, rows, seq)
+        self._row_bindings = None
+        if self.rows_per_call and rows > 1 and seq > 1 and self.kv.lengths[first_slot:first_slot + rows].any():
+            # the step CPU GroupQueryAttention refuses: the same step a row at a time, into the same buffers
+            self._row_bindings = [self._make_binding(first_slot + r, 1, seq, row=r) for r in range(rows)]
         self._bound = (binding, first_slot, rows, seq)
 
-    def _make_binding(self, first: int, rows: int, seq: int) -> ort.IOBinding:
+    def _make_binding(self, first: int, rows: int, seq: int, row: int = 0) -> ort.IOBinding:
+        """Slots first.. first + rows - 1; row: where this binding's rows start in the step's ids and logits."""
         b = self.session.io_binding()
-        b.bind_input(io.INPUT_IDS, "cpu", 0, np.int64, (rows, seq), self._ids.ctypes.data)
-        b.bind_input(io.POSITION_IDS, "cpu", 0, np.int64, (rows, seq), self._pos.ctypes.data)
+        b.bind_input(io.INPUT_IDS, "cpu", 0, np.int64, (rows, seq), self._ids[row * seq:].ctypes.data)
+        b.bind_input(io.POSITION_IDS, "cpu", 0, np.int64, (rows, seq), self._pos[row * seq:].ctypes.data)
         lengths = self.kv.lengths[first:first + rows]  # the manager's own array: no copy per step
         b.bind_input(io.PAST_LENGTHS, "cpu", 0, np.int64, (rows,), lengths.ctypes.data)
         shape = (rows, *self._kv_shape)  # [rows, kv_heads, max_seq, head_dim]
@@ -196,13 +210,15 @@ class OrtBackend(Backend):
             b.bind_output(io.LOGITS, "cpu")
         else:
             tail = min(seq, self.logits_tail)  # [rows, min(seq, tail), vocab]
-            b.bind_output(io.LOGITS, "cpu", 0, np.float32, (rows, tail, self.vocab_size), self._logits.ctypes.data)
+            b.bind_output(io.LOGITS, "cpu", 0, np.float32, (rows, tail, self.vocab_size),
+                          self._logits[row * tail * self.vocab_size:].ctypes.data)
         return b
 
     def execute(self) -> None:
         binding, first, rows, seq = self._bound
         started = time.perf_counter()
-        self.session.run_with_iobinding(binding)
+        for b in self._row_bindings or (binding,):
+            self.session.run_with_iobinding(b)
         self.execute_seconds += time.perf_counter() - started
         if self._present is not None:
             self._commit(first, rows, seq)
@@ -225,7 +241,7 @@ class OrtBackend(Backend):
     def read_tail_logits(self) -> np.ndarray:
         binding, _, rows, seq = self._bound
         if self.all_logits:
-            return binding.get_outputs()[0].numpy()
+            return np.concatenate([b.get_outputs()[0].numpy() for b in self._row_bindings or (binding,)])
         tail = min(seq, self.logits_tail)
         return self._logits[:rows * tail * self.vocab_size].reshape(rows, tail, self.vocab_size)
 
@@ -237,7 +253,7 @@ class OrtBackend(Backend):
     def close(self) -> None:
         self._decode_bindings.clear()
         self._verify_bindings.clear()
-        self._bound = None
+        self._bound = self._row_bindings = None
         self.session = None  # type: ignore[assignment]
 
 

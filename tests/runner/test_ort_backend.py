@@ -104,6 +104,38 @@ def test_no_allocation_per_token_and_cache_written_in_place(tiny_engine):
     assert not any(k.any() for k in kv.keys)  # freed slots go back to zeros
 
 
+def _multi_row_step_over_a_cache(backend: OrtBackend) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Slots 0 and 1 prefilled alone (5 and 2 tokens), then one 3-token step of both rows at once: the step
+    CPU GroupQueryAttention refuses. Its logits [2, tail, vocab] and slot 0-1's key caches."""
+    kv = backend.kv
+    for slot, prompt in enumerate(PROMPTS[:2]):
+        assert kv.allocate(f"r{slot}", len(prompt), 8) == slot
+        backend.step(slot, np.array([prompt]))
+        kv.advance(slot, len(prompt))
+    backend.bind(0, np.array([[3, 4, 5], [6, 7, 8]]))
+    backend.execute()
+    return backend.read_tail_logits().copy(), [k[:2].copy() for k in kv.keys]
+
+
+def test_multi_row_step_over_a_cache_runs_a_row_a_call(tiny_engine):
+    """The shipped twin has GQA without its fallback branch (passes/drop_ort_attention_fallback.py): a step of
+    several rows and tokens over a non-empty cache runs one row per call, into the same buffers, and gives
+    what the graph with the fallback gives in one call."""
+    split = OrtBackend(EngineDir.load(tiny_engine("llama")[0]))
+    fallback = OrtBackend(EngineDir.load(tiny_engine("llama", ort_passes=GQA_PASSES)[0]))
+    assert split.rows_per_call and not fallback.rows_per_call
+    logits, keys = _multi_row_step_over_a_cache(split)
+    assert split._row_bindings is not None and len(split._row_bindings) == 2
+    expected_logits, expected_keys = _multi_row_step_over_a_cache(fallback)
+    assert fallback._row_bindings is None
+    assert logits.shape == expected_logits.shape == (2, 3, split.vocab_size)
+    np.testing.assert_allclose(logits, expected_logits, atol=2e-5, rtol=1e-5)
+    for got, want in zip(keys, expected_keys):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+    split.bind(0, np.array([[9], [10]]))  # decode: one call again
+    assert split._row_bindings is None
+
+
 def test_kv_update_mode_from_graph_and_metadata(tiny_engine, tmp_path):
     default, _ = tiny_engine("llama")
     gqa, _ = tiny_engine("llama", ort_passes=GQA_PASSES)
