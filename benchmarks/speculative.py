@@ -18,6 +18,8 @@ checked identical to the plain greedy tokens (the script fails otherwise).
          Target: >= 1.5x.
   costs  what bounds the draft target: one target step, a verify step of w tokens and one draft step (in
          target steps), the draft's acceptance, and the best speed-up they allow (see step_costs).
+  breakdown  where a k=4 story's wall time goes, per engine call kind and per loop function, beside plain
+         decoding's (benchmarks/spec_breakdown.py).
   worst  a proposer whose drafts are never accepted (random token ids), adaptive draft length vs plain
          (target: <= 10 % slower), and a fixed 4 drafts per step for contrast.
 """
@@ -301,11 +303,15 @@ def main() -> None:
     if bad := [q for q in drafts if q not in DRAFTS]:
         parser.error(f"--draft-quant {','.join(bad)}: choose from {', '.join(DRAFTS)}")
     engines = build_engines(args.work, drafts)
-    parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case, "costs": step_costs}
+    from spec_breakdown import breakdown, print_table
+
+    parts = {"copy": copy_task, "draft": draft_task, "worst": worst_case, "costs": step_costs, "breakdown": breakdown}
     results = {"threads": threads, "runs": args.runs, "max_new_tokens": args.max_new_tokens}
     for name in args.parts.split(","):
         results[name] = parts[name](engines, args.runs, args.max_new_tokens, threads)
-        if not args.json:
+        if not args.json and name == "breakdown":
+            print_table(results[name])
+        elif not args.json:
             print(name, json.dumps(results[name], indent=1), flush=True)
     if args.json:
         print(json.dumps(results))

@@ -87,6 +87,14 @@ class SlotTable:
         self._owner[slot] = None
         del self._slot_of[owner]
 
+    def hand_over(self, slot: int, request_id: object) -> None:
+        """Give a held slot, its cache and length as they are, to another owner (a draft's parked prefix)."""
+        owner = self._check_slot(slot)
+        if request_id in self._slot_of:
+            raise ValueError(f"{request_id!r} already holds slot {self._slot_of[request_id]}")
+        del self._slot_of[owner]
+        self._owner[slot], self._slot_of[request_id] = request_id, slot
+
     def length(self, slot: int) -> int:
         self._check_slot(slot)
         return int(self.lengths[slot])
