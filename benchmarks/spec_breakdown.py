@@ -16,8 +16,9 @@ the library changes). Per generate call, summed over --runs runs after one warm-
   decode_python      the rest of the speculative decode step (proposal choice, draft length, stats)
   outside_decode     the generate call outside decode steps (admission, prefix cache, release, events)
 
-and the same for plain decoding (target_plain, target_prefill, decode_python, outside_decode), so the
-per-token overhead of each loop is visible beside its engine time.
+The same with the draft's slot freed after each story ("unparked": the draft prefills the prompt every time,
+as before draft.py parked finished slots), and for plain decoding (target_plain, target_prefill, decode_python,
+outside_decode), so the per-token overhead of each loop is visible beside its engine time.
 """
 
 from __future__ import annotations
@@ -161,8 +162,10 @@ def breakdown(engines, runs: int, max_new_tokens: int, threads: int, num_draft_t
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
     llms = {"plain": plain}
     for quant, engine in engines["drafts"].items():
-        llms[quant] = LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
-            "draft", draft_engine=str(engine), num_draft_tokens=num_draft_tokens))
+        for label, park in ((quant, True), (f"{quant}/unparked", False)):
+            llms[label] = llm = LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
+                "draft", draft_engine=str(engine), num_draft_tokens=num_draft_tokens))
+            llm.generator.proposer.park = park  # unparked: the draft re-reads the prompt every story, as before
     timers = {name: Timers() for name in llms}
     for name, llm in llms.items():
         llm.generate(prompt_token_ids=[ids], params=params)  # warm-up: prefix cache, bindings, draft slot

@@ -15,6 +15,7 @@ tokenizer and of generation_config.json always stop a request unless ignore_eos.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
+from engine_builder.runner.ort_spinning import sessions_take_turns
 from engine_builder.runner.paged_kv_cache import paged_prefix_cache
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
@@ -106,7 +108,8 @@ def _backend_and_tokenizer(engine: EngineDir, backend: str, threads: int | None)
     """open_backend in a thread while the tokenizer loads here: onnxruntime releases the GIL while it creates
     its session (packing the weights, most of a load), so the two overlap where a core is free (cold start)."""
     with ThreadPoolExecutor(1, thread_name_prefix="open-backend") as pool:
-        opening = pool.submit(open_backend, engine, backend, threads=threads)
+        # in this context: a speculative LLM's target session opens as one that takes turns (ort_spinning.py)
+        opening = pool.submit(contextvars.copy_context().run, open_backend, engine, backend, threads=threads)
         try:
             tokenizer = engine.load_tokenizer()
         except BaseException:
@@ -141,7 +144,8 @@ class LLM:
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
         try:
-            self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
+            with sessions_take_turns(spec is not None and spec.method == "draft"):  # target and draft alternate
+                self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
         except Exception:
             self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
             raise

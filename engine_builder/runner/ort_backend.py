@@ -49,7 +49,7 @@ from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_M
 from engine_builder.runner.backend import Backend, KVUpdate, register_backend
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
-from engine_builder.runner.ort_spinning import allow_spinning
+from engine_builder.runner.ort_spinning import allow_spinning, stop_spinning_after_run
 from engine_builder.util.cpu_cores import physical_cores
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -65,6 +65,8 @@ def session_options(dtype: str, threads: int | None = None,
     # spin-wait between kernels only when the machine has idle cores for it (runner/ort_spinning.py)
     options.add_session_config_entry("session.intra_op.allow_spinning",
                                      "1" if allow_spinning(options.intra_op_num_threads)[0] else "0")
+    if stop_spinning_after_run():  # a speculative target and its draft take turns (runner/ort_spinning.py)
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.inter_op_num_threads = 1  # a decoder is one chain of ops: nothing to run in parallel
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only: warnings would interleave with streamed text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_builder.runner.ort_backend import session_options
-from engine_builder.runner.ort_spinning import ENV, allow_spinning
+from engine_builder.runner.ort_spinning import ENV, allow_spinning, sessions_take_turns
 from engine_builder.util.errors import InputError
 
 KEY = "session.intra_op.allow_spinning"
@@ -32,3 +32,19 @@ def test_bad_environment_value_says_what_to_do(monkeypatch):
     monkeypatch.setenv(ENV, "sometimes")
     with pytest.raises(InputError, match="on, off, auto"):
         allow_spinning(2)
+
+
+def _stops_after_run(options) -> bool:
+    try:
+        return options.get_session_config_entry("session.force_spinning_stop") == "1"
+    except RuntimeError:  # onnxruntime's answer for a key never set: its default, spinning goes on
+        return False
+
+
+def test_sessions_that_take_turns_stop_spinning_after_a_run():
+    assert not _stops_after_run(session_options("float32", threads=2))
+    with sessions_take_turns():
+        assert _stops_after_run(session_options("float32", threads=2))
+        with sessions_take_turns(False):
+            assert not _stops_after_run(session_options("float32", threads=2))
+    assert not _stops_after_run(session_options("float32", threads=2))
