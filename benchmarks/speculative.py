@@ -186,10 +186,12 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     import numpy as np
 
     from engine_builder import LLM
+    from engine_builder.runner.ort_spinning import sessions_take_turns
     from engine_builder.runner.speculative import SpeculativeConfig
 
-    llms = {"target": LLM(engines["float32"], threads=threads),
-            **{quant: LLM(engine, threads=threads) for quant, engine in engines["drafts"].items()}}
+    with sessions_take_turns():  # as a speculative LLM opens them: their calls interleave here too
+        llms = {"target": LLM(engines["float32"], threads=threads),
+                **{quant: LLM(engine, threads=threads) for quant, engine in engines["drafts"].items()}}
     ids = llms["target"].encode_chat([{"role": "user", "content": STORY_TASK}])
     slots = {}
     for name, llm in llms.items():

@@ -144,7 +144,9 @@ class LLM:
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
         try:
-            with sessions_take_turns(spec is not None and spec.method == "draft"):  # target and draft alternate
+            # a target and its draft alternate; an LLM opened inside a caller's sessions_take_turns() keeps it
+            turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
+            with turns:
                 self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
         except Exception:
             self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
