@@ -1,6 +1,6 @@
 """Batched prefill under the soak's cut streams, in process: valid clients' latency beside clients that start a
 stream and cancel it after its first token, with short prompts prefilled together (SchedulerConfig.batch_prefill,
-executor/prefill_groups.py) or each in its own engine call.
+runner/scheduling/prefill_groups.py) or each in its own engine call.
 
     .venv/bin/python benchmarks/prefill_burst.py [--seconds 30] [--rounds 2] [--valid-clients 4]
                                                  [--cut-clients 12] [--work build/bench-serve] [--json]
