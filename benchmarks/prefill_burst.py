@@ -116,12 +116,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--costs-only", action="store_true", help="only the prefill cost comparison")
+    parser.add_argument("--engine", type=Path, help="this engine dir instead of the soak's (e.g. one built with "
+                        "--kv-layout paged)")
     args = parser.parse_args()
     from engine_builder import LLM
 
     args.work.mkdir(parents=True, exist_ok=True)
-    llm = LLM(engine_dirs(args.work, ["default"], 8, 64)["default"], backend="onnxruntime")
-    costs = [prefill_cost(llm, PROMPTS[:n], reps=5) for n in (2, 3, len(PROMPTS))]
+    engine = args.engine or engine_dirs(args.work, ["default"], 8, 64)["default"]
+    llm = LLM(engine, backend="onnxruntime", **({"kv_cache_memory": 256 << 20} if args.engine else {}))
+    slots = llm.backend.kv.batch_slots
+    costs = [prefill_cost(llm, PROMPTS[:n], reps=5) for n in sorted({2, min(3, slots), min(len(PROMPTS), slots)})]
     if not args.json:
         for c in costs:
             print(f"{c['prompts']} soak prompts prefilled: {c['one_call_ms']} ms in one call vs "
