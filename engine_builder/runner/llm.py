@@ -144,6 +144,7 @@ class LLM:
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
+        SchedulerConfig(kv_budget_tokens=kv_budget_tokens)  # so does a bad budget (ConfigError)
         # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)

@@ -17,7 +17,7 @@ from runner_engines import build_engine
 from engine_builder import LLM, SamplingParams
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
-from engine_builder.util.errors import CapacityError
+from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 WIDE = Limits(max_batch=32, max_input_len=64, max_seq_len=1024)
 BLOCK = 16  # the paged engine's block, = the scheduler's
@@ -149,5 +149,22 @@ def test_a_closed_stream_gives_its_slot_and_blocks_back(engines):
         assert llm.generator.admission.scheduler.kv_stats().used_blocks > 0
         stream.close()
         _no_leak(llm)
+    finally:
+        llm.close()
+
+
+def test_a_request_larger_than_the_budget_is_refused_before_any_work(engines):
+    slots, _ = engines
+    with pytest.raises(ConfigError, match="kv_budget_tokens"):
+        LLM(slots, kv_budget_tokens=0)
+    llm = LLM(slots, prefix_cache=False, kv_budget_tokens=96)  # 6 blocks of 16
+    try:
+        (prompt, params), = _requests(1, 60)  # 36 + 60 tokens: 6 blocks, fits
+        fits = llm.generate(prompt_token_ids=[prompt], params=params)[0]
+        assert len(fits.token_ids) == 60
+        with pytest.raises(InputError, match="KV budget holds 6"):  # 36 + 61: 7 blocks, never fits
+            llm.generate(prompt_token_ids=[prompt, prompt],
+                         params=[params, SamplingParams(max_new_tokens=61, temperature=0)])
+        assert llm.backend.kv.num_free == WIDE.max_batch  # refused before the first request started
     finally:
         llm.close()
