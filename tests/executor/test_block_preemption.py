@@ -1,4 +1,4 @@
-"""Optimistic admission and preemption when KV blocks run out (executor/kv_growth.py), on real engines.
+"""Optimistic admission and preemption when KV blocks run out (runner/scheduling/kv_growth.py), on real engines.
 
 Requests enter holding the blocks of their prompt only and grow block by block as they decode; a budget
 (slot layout: the scheduler's bookkeeping) or a block pool (paged layout: the real storage) too small for

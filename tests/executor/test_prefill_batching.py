@@ -1,4 +1,4 @@
-"""Batched prefill (runner/batched_prefill.py, executor/prefill_groups.py) on the real SmolLM2 engine, slot
+"""Batched prefill (runner/batched_prefill.py, runner/scheduling/prefill_groups.py) on the real SmolLM2 engine, slot
 layout: ragged prompts prefilled in ONE engine call, a prefix-cache hit among them and a decoding request
 riding along, give every request the tokens it gets alone, greedy or sampled (seeds, temperatures, top_k,
 top_p and repetition penalties all different)."""
@@ -11,8 +11,8 @@ from prefill_logits import shared_logits, solo_logits
 
 from engine_builder import SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
-from engine_builder.executor.prefill_groups import CallCosts
 from engine_builder.runner.batched_prefill import fits, prefill_together, start
+from engine_builder.runner.scheduling.prefill_groups import CallCosts
 from engine_builder.server.metrics import _kv_metrics
 
 # the long one is >16 tokens: its reference run caches its first block, so in the batch its row starts at 16
