@@ -1,10 +1,11 @@
 """Each prompt's last-position logits from its own prefill call and from one shared, right-padded call: what
 tests/executor/test_prefill_batching.py (and test_paged_prefill_batching.py) assert equal and
-benchmarks/prefill_branch_numerics.py measures."""
+benchmarks/prefill_branch_numerics.py measures; and the claimed generator those tests drive by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -53,3 +54,23 @@ def shared_logits(backend, prompts: Sequence[Sequence[int]], rider_length: int |
     finally:
         for s in slots:
             backend.release(s)
+
+
+@contextmanager
+def claimed_requests(gen, prompts: Sequence[Sequence[int]], params: Sequence) -> Iterator[list]:
+    """New requests on a generator claimed for the test; every slot given back and the claim dropped after."""
+    gen.claim("test", "wait for the test")
+    requests = [gen.new_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    try:
+        yield requests
+    finally:
+        for r in requests:
+            if r.slot is not None:
+                gen.release(r)
+        gen.unclaim()
+
+
+def decode_to_end(gen, requests: Sequence, events: list) -> None:
+    active = {r.slot: r for r in requests}
+    while active:
+        gen.decode(active, events)

@@ -16,7 +16,8 @@ How, and why it is exact (the same contract the speculative verify step relies o
     from GQA's by float rounding (up to 5e-5 on SmolLM2 fp32), and a seeded draw's inverse CDF amplifies that
     over the vocab's many small probabilities: 1e-4 to 2e-2 of draws then pick another token
     (benchmarks/prefill_branch_numerics.py), against SamplingParams.seed's promise of the same tokens alone or
-    in any batch. Such rows prefill alone;
+    in any batch. Such rows prefill alone. (Slot twins built since drop_ort_attention_fallback have no If:
+    the backend runs such a call a row per call, exact but no cheaper than solo calls, so they still do);
   * a row shorter than the longest is right-padded with token 0: the padding lies past the row's length
     once it is advanced, where the causal mask hides it from the real tokens (they are earlier positions),
     and every later step writes a position before it reads it (the row's next decode overwrites the first
@@ -108,7 +109,7 @@ def _exact(generator: Generator, starts: dict[int, int], lengths: Sequence[int])
     rows = kv.lengths[lo:hi].copy()
     for slot, at in starts.items():
         rows[slot - lo] = at
-    # a row past 0 sends the whole call to the graph's generic attention branch: not its solo call's numerics
+    # a row past 0: the generic attention branch (not its solo call's numerics), or a call per row without the If
     return not rows.any() and width <= kv.max_seq
 
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prefill_logits import shared_logits, solo_logits
-from runner_engines import SMOL_LIMITS
+from prefill_logits import claimed_requests, decode_to_end, shared_logits, solo_logits
+from runner_engines import build_paged_engine
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build.pipeline import build
 from engine_builder.executor import Executor
-from engine_builder.formats.build_config import BuildConfig
 from engine_builder.runner.batched_prefill import fits, pool_has_room, prefill_together, start
 
 # the last one is 17 tokens: its solo reference run caches its first block, so in a batch its row starts at 16
@@ -34,8 +32,7 @@ POOL = 64 << 20  # bytes: plenty for 4 x 256 positions
 def paged_engine(smollm2_ckpt):
     out = smollm2_ckpt.parent / "engine-paged"
     if not out.exists():
-        build(smollm2_ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32", kv_layout="paged",
-                                             kv_block_size=16, limits=SMOL_LIMITS))
+        build_paged_engine(smollm2_ckpt, out)
     return out
 
 
@@ -61,9 +58,7 @@ def test_a_shared_paged_call_computes_each_rows_solo_logits_bit_for_bit(llm):
 def test_a_prefix_hit_shares_the_call_and_every_token_equals_the_request_alone(llm):
     alone = [llm.generate(p, sp)[0].token_ids for p, sp in zip(PROMPTS, PARAMS)]  # caches the last one's block
     gen, kv = llm.generator, llm.backend.kv
-    gen.claim("test", "wait for the test")
-    requests = [gen.new_request(i, llm.encode(p), sp) for i, (p, sp) in enumerate(zip(PROMPTS, PARAMS))]
-    try:
+    with claimed_requests(gen, [llm.encode(p) for p in PROMPTS], PARAMS) as requests:
         for r in requests:
             gen.admit(r, len(r.prompt_ids) + 1)  # slots 0..3, blocks for the prompt (the scheduler's way)
         r0, r1, r2, cached = requests
@@ -80,14 +75,7 @@ def test_a_prefix_hit_shares_the_call_and_every_token_equals_the_request_alone(l
         assert [kv.length(r.slot) for r in group] == [len(r.prompt_ids) for r in group]
         gen.admit(r1, len(r1.prompt_ids) + 1)
         gen.prefill(r1, events)
-        active = {r.slot: r for r in requests}
-        while active:
-            gen.decode(active, events)
-    finally:
-        for r in requests:
-            if r.slot is not None:
-                gen.release(r)
-        gen.unclaim()
+        decode_to_end(gen, requests, events)
     assert [tuple(r.token_ids) for r in requests] == [tuple(a) for a in alone]
 
 
@@ -99,32 +87,23 @@ def test_a_pool_short_of_the_paddings_blocks_prefills_the_group_one_by_one(llm, 
     assert [len(p) for p in prompts] == [14, 20]
     alone = [small.generate(prompt_token_ids=[p], params=sp)[0].token_ids for p, sp in zip(prompts, PARAMS)]
     gen, kv = small.generator, small.backend.kv
-    gen.claim("test", "wait for the test")
-    requests = [gen.new_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, PARAMS))]
-    filler = None
     try:
-        for r in requests:
-            gen.admit(r, len(r.prompt_ids) + 1)  # blocks for the prompt and its first token (the scheduler's way)
-        starts, lengths = {0: 0, 1: 0}, [14, 20]
-        assert kv.blocks_to_grow(0, 20) == 1 and fits(gen, starts, lengths)  # planned with the pool's room
-        filler = kv.allocate("filler", 1, 255, kv.available_blocks() * kv.block_size)  # an earlier call took it
-        assert kv.available_blocks() == 0 and not pool_has_room(gen, starts, 20)
-        events: list = []
-        fed = prefill_together(gen, requests, events)
-        assert fed == 14 + 20  # one call each (a shared one would have fed 2 x 20), and no error
-        assert [kv.length(r.slot) for r in requests] == lengths and len(events) == 2
-        kv.free(filler)
-        filler = None
-        active = {r.slot: r for r in requests}
-        while active:
-            gen.decode(active, events)
+        with claimed_requests(gen, prompts, PARAMS) as requests:
+            for r in requests:
+                gen.admit(r, len(r.prompt_ids) + 1)  # blocks for the prompt and its first token (the scheduler's way)
+            starts, lengths = {0: 0, 1: 0}, [14, 20]
+            assert kv.blocks_to_grow(0, 20) == 1 and fits(gen, starts, lengths)  # planned with the pool's room
+            filler = kv.allocate("filler", 1, 255, kv.available_blocks() * kv.block_size)  # an earlier call took it
+            try:
+                assert kv.available_blocks() == 0 and not pool_has_room(gen, starts, 20)
+                events: list = []
+                fed = prefill_together(gen, requests, events)
+                assert fed == 14 + 20  # one call each (a shared one would have fed 2 x 20), and no error
+                assert [kv.length(r.slot) for r in requests] == lengths and len(events) == 2
+            finally:
+                kv.free(filler)
+            decode_to_end(gen, requests, events)
     finally:
-        if filler is not None:
-            kv.free(filler)
-        for r in requests:
-            if r.slot is not None:
-                gen.release(r)
-        gen.unclaim()
         small.close()
     assert [tuple(r.token_ids) for r in requests] == [tuple(a) for a in alone]
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runner_engines import build_engine
+from runner_engines import build_engine, build_paged_engine
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build.pipeline import build
-from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.build_config import Limits
 from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 WIDE = Limits(max_batch=32, max_input_len=64, max_seq_len=1024)
@@ -27,9 +26,7 @@ BLOCK = 16  # the paged engine's block, = the scheduler's
 def engines(tiny_serve_engine, tmp_path_factory):
     root, ckpt = tmp_path_factory.mktemp("generate-admission"), tiny_serve_engine.parent / "ckpt"
     slots = build_engine(ckpt, root / "slots", WIDE)
-    build(ckpt, root / "paged", BuildConfig(targets=("onnxruntime",), dtype="float32", kv_layout="paged",
-                                            kv_block_size=BLOCK, limits=WIDE))
-    return slots, root / "paged"
+    return slots, build_paged_engine(ckpt, root / "paged", WIDE, BLOCK)
 
 
 @pytest.fixture(scope="module")
