@@ -10,7 +10,11 @@ solo call and the same row of a shared call, without and with a rider at length 
 the Sampler's inverse-CDF draw (one uniform u, float32 cumsum over the vocab) picks a different token from
 the two sets of logits, for temperatures 0.7, 1.0 and 1.3: the measure of the u that land between the two
 cumulative distributions at some token boundary. No timing: the figures do not depend on machine load.
-SmolLM2-135M-Instruct fp32 on the onnxruntime twin (prefill_burst.py's engine unless --engine).
+SmolLM2-135M-Instruct fp32 on the onnxruntime twin (prefill_burst.py's engine unless --engine). Given an engine
+built `--kv-layout paged`, both lines read 0: that graph has no branch (Attention-24 for every call), whatever
+the labels say. So do slot engines built since passes/drop_ort_attention_fallback.py dropped the If: the
+backend runs a call with a row past 0 a row per call, each GroupQueryAttention; the non-zero figures are those
+of engines built with the If.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Batched prefill under the soak's cut streams, in process: valid clients' latency beside clients that start a
 stream and cancel it after its first token, with short prompts prefilled together (SchedulerConfig.batch_prefill,
-executor/prefill_groups.py) or each in its own engine call.
+runner/scheduling/prefill_groups.py) or each in its own engine call.
 
     .venv/bin/python benchmarks/prefill_burst.py [--seconds 30] [--rounds 2] [--valid-clients 4]
                                                  [--cut-clients 12] [--work build/bench-serve] [--json]
@@ -116,12 +116,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--costs-only", action="store_true", help="only the prefill cost comparison")
+    parser.add_argument("--engine", type=Path, help="this engine dir instead of the soak's (e.g. one built with "
+                        "--kv-layout paged)")
     args = parser.parse_args()
     from engine_builder import LLM
 
     args.work.mkdir(parents=True, exist_ok=True)
-    llm = LLM(engine_dirs(args.work, ["default"], 8, 64)["default"], backend="onnxruntime")
-    costs = [prefill_cost(llm, PROMPTS[:n], reps=5) for n in (2, 3, len(PROMPTS))]
+    engine = args.engine or engine_dirs(args.work, ["default"], 8, 64)["default"]
+    llm = LLM(engine, backend="onnxruntime", **({"kv_cache_memory": 256 << 20} if args.engine else {}))
+    slots = llm.backend.kv.batch_slots
+    costs = [prefill_cost(llm, PROMPTS[:n], reps=5) for n in sorted({2, min(3, slots), min(len(PROMPTS), slots)})]
     if not args.json:
         for c in costs:
             print(f"{c['prompts']} soak prompts prefilled: {c['one_call_ms']} ms in one call vs "

@@ -20,6 +20,13 @@ def build_engine(ckpt: Path, out: Path, limits: Limits = SMOL_LIMITS, dtype: str
     return out
 
 
+def build_paged_engine(ckpt: Path, out: Path, limits: Limits = SMOL_LIMITS, block: int = 16) -> Path:
+    """The float32 twin with the paged KV layout (`build --kv-layout paged --kv-block-size BLOCK`)."""
+    build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32", kv_layout="paged", kv_block_size=block,
+                                 limits=limits))
+    return out
+
+
 def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     """A word-level tokenizer over "w0".."w{n-1}" (id i <-> "wi"), so a tiny random model has text."""
     import transformers

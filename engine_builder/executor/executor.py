@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_builder.executor.prefill_groups import PrefillGroups
 from engine_builder.executor.request import RequestHandle, TokenEvent
-from engine_builder.executor.scheduler import Scheduler, SchedulerConfig
-from engine_builder.runner.batched_prefill import prefill_together
 from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.scheduling.engine_step import run_engine_step
+from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
+from engine_builder.runner.scheduling.scheduler import Scheduler, SchedulerConfig
 from engine_builder.util.errors import CapacityError, InputError
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ class ExecutorStats:
     tokens_generated: int
     steps: int  # loop steps that ran the engine
     requests_failed: int = 0  # ended with "error"
-    kv_block_tokens: int = 0  # the scheduler's KV budget (executor/kv_budget.py): tokens per block
+    kv_block_tokens: int = 0  # the scheduler's KV budget (runner/scheduling/kv_budget.py): tokens per block
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0  # held by running requests (context so far + the next step's tokens each, in blocks)
     preemptions: int = 0  # running requests preempted (recompute): for more urgent ones, or when blocks ran out
@@ -189,35 +188,7 @@ class Executor:
         if not sched.running:
             return True
 
-        events: list[Event] = []
-        failures: list[tuple[RequestState, BaseException]] = []
-        for group in self._prefills.plan(gen, sched.prefill_plan()):  # short prompts share a call (prefill_groups.py)
-            started = time.perf_counter()
-            fed = sum(n for _, n in group)
-            try:
-                if len(group) == 1:
-                    gen.prefill(group[0][0], events, group[0][1])
-                else:
-                    self._prefills.batched_calls += 1
-                    self._prefills.batched_requests += len(group)
-                    fed = prefill_together(gen, [r for r, _ in group], events)
-            except Exception as exc:  # this call's engine run or sampling failed: its unfinished requests fail
-                failures += [(r, exc) for r, _ in group if not r.finished]  # a finished one's final event is out
-            seconds = time.perf_counter() - started
-            sched.step_budget.observe_prefill(sum(n for _, n in group), seconds)
-            self._prefills.observe(fed, seconds)
-        failed_ids = {r.index for r, _ in failures}
-        decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
-        try:
-            gen.reprefill(decoding, events)
-            if decoding:
-                started = time.perf_counter()
-                rows = max(decoding) + 1  # the step runs slots [0, highest): free ones ride along
-                gen.decode(decoding, events)
-                sched.step_budget.observe_decode(time.perf_counter() - started)
-                self._prefills.observe(rows, time.perf_counter() - started)
-        except Exception as exc:  # the batched call failed: every request in it fails
-            failures += [(r, exc) for r in decoding.values() if not r.finished]
+        events, failures = run_engine_step(sched, self._prefills)  # prefill chunks, then one decode
 
         with self._lock:  # retire before emitting: a client that sees its final event sees its slot free
             finished = sched.retire_finished()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine_builder.executor.scheduler import SchedulerConfig
 from engine_builder.formats.build_config import Limits
+from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.util.errors import InputError
 
 

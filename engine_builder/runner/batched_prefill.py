@@ -1,4 +1,4 @@
-"""Prefill several requests' prompts in ONE engine call (slot KV layout): rows right-padded to the longest.
+"""Prefill several requests' prompts in ONE engine call (slot or paged KV layout): rows right-padded to the longest.
 
     prefill_together(generator, [r1, r2, r3], events)     # slots 2, 3, 5: one step over slots [2, 6)
 
@@ -16,7 +16,8 @@ How, and why it is exact (the same contract the speculative verify step relies o
     from GQA's by float rounding (up to 5e-5 on SmolLM2 fp32), and a seeded draw's inverse CDF amplifies that
     over the vocab's many small probabilities: 1e-4 to 2e-2 of draws then pick another token
     (benchmarks/prefill_branch_numerics.py), against SamplingParams.seed's promise of the same tokens alone or
-    in any batch. Such rows prefill alone;
+    in any batch. Such rows prefill alone. (Slot twins built since drop_ort_attention_fallback have no If:
+    the backend runs such a call a row per call, exact but no cheaper than solo calls, so they still do);
   * a row shorter than the longest is right-padded with token 0: the padding lies past the row's length
     once it is advanced, where the causal mask hides it from the real tokens (they are earlier positions),
     and every later step writes a position before it reads it (the row's next decode overwrites the first
@@ -32,8 +33,17 @@ How, and why it is exact (the same contract the speculative verify step relies o
 Greedy and sampled tokens (each row keeps its own SamplingParams and seeded generator) equal the request
 prefilled alone (tests/executor/test_prefill_batching.py).
 
-Not here: the paged layout (a padded or riding row would write into blocks its table may not hold yet:
-per-request prefill there), longrope models (a padded row could cross the rope switch), requests that
+The paged layout (`build --kv-layout paged`) has no attention branch: every call, solo or shared, rows at 0 or
+past it, runs the same ops (the onnxruntime twin: Attention-24, no If), and a shared call's logits equal the solo
+calls' bit for bit there, rows past 0 included (tests/executor/test_paged_prefill_batching.py; TensorRT's paged
+graph has no branch either, but nothing here runs it). So a prefix-cache hit may share a call on a paged engine. What
+differs is where junk goes: a row's padding is written into the blocks its table maps, which may be blocks it
+does not hold yet (prepare_write takes them, up to the row's reservation; they are the blocks its decode would
+take next), so `fits` asks the pool for them (`pool_has_room`; if an earlier call of the step took them, the
+group's requests are prefilled one by one instead); and only free slots ride along (all-scratch tables), never
+an admitted one.
+
+Not here: longrope models (a padded row could cross the rope switch), requests that
 score their prompt (prompt_logprobs: per-request, in logits_tail steps), and chunks that leave part of a
 prompt for a later step.
 """
@@ -53,9 +63,13 @@ if TYPE_CHECKING:
 
 
 def supported(generator: Generator) -> bool:
-    """Can this generator's backend prefill several rows in one call? (slot layout, no longrope switch)"""
+    """Can this generator's backend prefill several rows in one call? (slot or paged layout, no longrope switch)"""
     backend = generator.backend
-    return isinstance(backend.kv, KVCacheManager) and backend.reprefill_after is None
+    return (isinstance(backend.kv, KVCacheManager) or _paged(backend.kv)) and backend.reprefill_after is None
+
+
+def _paged(kv) -> bool:
+    return getattr(kv, "paged", False)
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
@@ -76,17 +90,37 @@ def start(generator: Generator, r: RequestState) -> int:
 def fits(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -> bool:
     """Can one call of width max(lengths) run over every slot from the first to the last key of starts (slot ->
     where that request's row starts), the slots between riding along at their own lengths, and give each row
-    exactly its solo call's logits?"""
+    exactly its solo call's logits? (On a paged engine: and does its pool have the blocks the padding writes?)"""
+    return _exact(generator, starts, lengths) and pool_has_room(generator, starts, max(lengths))
+
+
+def _exact(generator: Generator, starts: dict[int, int], lengths: Sequence[int]) -> bool:
     backend, kv = generator.backend, generator.backend.kv
     width = max(lengths)
     if width > backend.max_input_len or width - min(lengths) >= backend.logits_tail:
         return False
     lo, hi = min(starts), max(starts) + 1
+    if _paged(kv):
+        # one attention op whatever the rows (Attention-24 in the twin: no branch on batch or past lengths), so
+        # rows may start anywhere (a prefix-cache hit); a rider must be a free slot, whose table is all scratch
+        # (an admitted one would take blocks for the junk it writes, PagedKVCacheManager.prepare_write)
+        riders_free = all(kv.is_free(s) for s in range(lo, hi) if s not in starts)
+        return riders_free and max(starts.values()) + width <= kv.max_seq
     rows = kv.lengths[lo:hi].copy()
     for slot, at in starts.items():
         rows[slot - lo] = at
-    # a row past 0 sends the whole call to the graph's generic attention branch: not its solo call's numerics
+    # a row past 0: the generic attention branch (not its solo call's numerics), or a call per row without the If
     return not rows.any() and width <= kv.max_seq
+
+
+def pool_has_room(generator: Generator, starts: dict[int, int], width: int) -> bool:
+    """A paged engine: can its pool give every row the blocks its padded width reaches (within the row's
+    reservation; past it the table points at the scratch block)? The scheduler grew each row for its own tokens
+    only. Always True for the slot layout (a slot holds max_seq positions)."""
+    kv = generator.backend.kv
+    if not _paged(kv):
+        return True
+    return sum(kv.blocks_to_grow(slot, at + width) for slot, at in starts.items()) <= kv.available_blocks()
 
 
 def prefill_together(generator: Generator, requests: Sequence[RequestState], events: list[Event]) -> int:
@@ -100,9 +134,15 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
     contexts = {r.slot: (r.prompt_ids + r.token_ids)[starts[r.slot]:] for r in by_slot}
     lengths = [len(c) for c in contexts.values()]
     width = max(lengths)
-    if not fits(generator, starts, lengths):  # a negative tail index reads junk
+    if not _exact(generator, starts, lengths):  # a negative tail index reads junk
         raise ValueError(f"rows of {lengths} tokens at slots {sorted(starts)} do not fit one call; plan the group "
                          "with batched_prefill.start and fits")
+    if not pool_has_room(generator, starts, width):  # the step's earlier calls took the blocks the plan counted on
+        fed = 0
+        for r in by_slot:
+            fed += len(contexts[r.slot])
+            generator.prefill(r, events)
+        return fed
     ids = np.zeros((hi - lo, width), np.int64)  # riders and padding: token 0
     for slot, context in contexts.items():
         ids[slot - lo, :len(context)] = context

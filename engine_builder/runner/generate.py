@@ -20,10 +20,12 @@ them (printing, a network write) is not counted in the timings. Per-step Python 
 Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
 
 The step functions (admit, prefill, reprefill, decode, release) are public because two loops
-drive them: `_run_sampled` here (LLM.generate / stream: every admitted prompt prefilled whole)
-and engine_builder/executor (a thread serving requests that arrive at any time, with chunked
-prefill under a token budget). Whoever drives them claims the Generator first (`claim`): one
-driver at a time, since the KV cache and the per-slot next tokens are shared state.
+drive them: LLM.generate / stream through `admission` (runner/scheduling/block_admission.py:
+the executor's scheduler, admission by free KV blocks, every admitted prompt prefilled whole; a bare
+Generator falls back to `_run_sampled` here, admission by free slots) and engine_builder/executor
+(a thread serving requests that arrive at any time, with chunked prefill under a token budget).
+Whoever drives them claims the Generator first (`claim`): one driver at a time, since the KV cache and
+the per-slot next tokens are shared state.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +49,14 @@ from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import StopChecker
 from engine_builder.util.errors import CapacityError, InputError
+
+
+class Admission(Protocol):
+    """Who runs start()'s sampled requests (runner/scheduling/block_admission.py is the one LLM uses)."""
+
+    def check(self, generator: Generator, prompt_ids: Sequence[int], params: SamplingParams) -> None: ...
+
+    def run(self, generator: Generator, requests: Sequence[RequestState], clock: StepClock) -> Iterator[Event]: ...
 
 
 class Generator:
@@ -64,6 +74,9 @@ class Generator:
         self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
         self.sampler = sampler or Sampler()
         self.timings: Timings | None = None  # of the last finished run
+        # how start() admits sampled requests: None = by free slots, each reserving prompt + max_new_tokens
+        # (_run_sampled); LLM sets block admission (runner/scheduling/block_admission.py)
+        self.admission: Admission | None = None
         self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
         self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
         self._owner_lock = threading.Lock()
@@ -125,6 +138,8 @@ class Generator:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         for ids, p in zip(prompts, params):
             self.check(ids, p)
+            if self.admission is not None and p.num_beams == 1:
+                self.admission.check(self, ids, p)
         requests = [self.new_request(i, ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
         return requests, self._loop(requests)
 
@@ -134,7 +149,10 @@ class Generator:
         try:
             # lower priority values first (SamplingParams.priority); a stable sort keeps the order within a level
             sampled = sorted((r for r in requests if r.params.num_beams == 1), key=lambda r: r.params.priority)
-            yield from self._run_sampled(deque(sampled), clock)
+            if self.admission is not None:  # by free KV blocks, growing and preempting (runner/scheduling/)
+                yield from self.admission.run(self, sampled, clock)
+            else:  # by free slots, each reserving prompt + max_new_tokens
+                yield from self._run_sampled(deque(sampled), clock)
             for r in requests:
                 if r.params.num_beams > 1:
                     yield from run_beam_search(self.backend, self.eos_token_ids, r, clock)

@@ -106,6 +106,10 @@ class SlotTable:
     def slot_of(self, request_id: object) -> int | None:
         return self._slot_of.get(request_id)
 
+    def is_free(self, slot: int) -> bool:
+        """Does no request hold this slot?"""
+        return self._owner[slot] is None
+
     def _advanced_length(self, slot: int, num_tokens: int) -> int:
         """The slot's length after the engine wrote num_tokens more positions."""
         self._check_slot(slot)

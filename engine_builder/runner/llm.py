@@ -34,6 +34,8 @@ from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import Sampler, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.scheduling.block_admission import BlockAdmission
+from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
 from engine_builder.util.errors import InputError
 
@@ -124,7 +126,7 @@ class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None,
-                 kv_cache_memory: int | None = None) -> None:
+                 kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -137,9 +139,15 @@ class LLM:
         kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
         fraction of the available RAM); there prefix_cache shares cached blocks by reference
         (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
+        kv_budget_tokens: the KV all of generate()'s running requests may hold together, in tokens (default: every
+        slot's max_seq_len). Requests are admitted by the free KV blocks of this budget (and of a paged engine's
+        pool) for their context, grow block by block and are preempted by recompute when blocks run out, with
+        the tokens they get alone (runner/scheduling/block_admission.py, the server's scheduler); beam search
+        reserves its beams' full length.
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
+        SchedulerConfig(kv_budget_tokens=kv_budget_tokens)  # so does a bad budget (ConfigError)
         # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
@@ -148,6 +156,7 @@ class LLM:
             turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
             with turns:
                 self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
+            self._generator.admission = self._admission(kv_budget_tokens)
         except Exception:
             self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
             raise
@@ -186,6 +195,14 @@ class LLM:
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
         # keep answers themselves, runner/chat_session.py)
         self._generator.cache_outputs = isinstance(cache, PrefixCache)
+
+    def _admission(self, kv_budget_tokens: int | None) -> BlockAdmission | None:
+        """generate()'s admission by free KV blocks; prompts prefilled whole (a step may take every slot's longest)."""
+        if self.embedder is not None:
+            return None
+        kv = self.backend.kv
+        return BlockAdmission(SchedulerConfig(kv_budget_tokens=kv_budget_tokens,
+                                              max_tokens_per_step=kv.batch_slots * self.backend.max_input_len))
 
     # --- parameters and prompts -------------------------------------------------------------
 

@@ -8,7 +8,7 @@ reuse goes through PagedPrefixCache (PrefixCache's load/store), which maps cache
 reference instead of copying them.
 
 By default admission takes blocks for prompt + max_new_tokens positions (so LLM.generate never runs out
-half-way, as with slots). The executor admits optimistically instead (vLLM's way, executor/kv_growth.py):
+half-way, as with slots). The executor admits optimistically instead (vLLM's way, runner/scheduling/kv_growth.py):
 allocate(..., initial_tokens=n) takes blocks for the first n positions only, and grow() adds blocks as
 decoding proceeds, before the step that writes them; when the pool (after evicting unreferenced cached
 prefixes) has none left, the scheduler preempts a running request to free its blocks. A write past a

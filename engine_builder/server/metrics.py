@@ -82,7 +82,7 @@ class _LiveCollector(Collector):
 
 
 def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
-    """The scheduler's KV budget (executor/kv_budget.py) and what its policies did."""
+    """The scheduler's KV budget (runner/scheduling/kv_budget.py) and what its policies did."""
     yield GaugeMetricFamily("trtbuild_kv_blocks_total", f"KV cache budget in blocks of {s.kv_block_tokens} tokens "
                             "(--kv-budget-tokens).", s.kv_blocks_total)
     yield GaugeMetricFamily("trtbuild_kv_blocks_used", "KV blocks held by running requests (context so far + the "
@@ -98,7 +98,7 @@ def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
     yield CounterMetricFamily("trtbuild_chunked_prefill_steps", "Prefill chunks that left part of a prompt for a later "
                               "step (--max-num-batched-tokens).", s.chunked_prefill_steps)
     yield CounterMetricFamily("trtbuild_batched_prefill_calls", "Engine calls that prefilled several short prompts "
-                              "at once (executor/prefill_groups.py).", s.batched_prefill_calls)
+                              "at once (runner/scheduling/prefill_groups.py).", s.batched_prefill_calls)
     yield CounterMetricFamily("trtbuild_batched_prefill_requests", "Requests prefilled in such a shared call.",
                               s.batched_prefill_requests)
 

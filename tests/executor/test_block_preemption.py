@@ -1,4 +1,4 @@
-"""Optimistic admission and preemption when KV blocks run out (executor/kv_growth.py), on real engines.
+"""Optimistic admission and preemption when KV blocks run out (runner/scheduling/kv_growth.py), on real engines.
 
 Requests enter holding the blocks of their prompt only and grow block by block as they decode; a budget
 (slot layout: the scheduler's bookkeeping) or a block pool (paged layout: the real storage) too small for
@@ -14,12 +14,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from runner_engines import build_engine
+from runner_engines import build_engine, build_paged_engine
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build.pipeline import build
 from engine_builder.executor import Executor, SchedulerConfig
-from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.build_config import Limits
 from engine_builder.server.metrics import _kv_metrics
 
 LIMITS = Limits(max_batch=8, max_input_len=64, max_seq_len=160)
@@ -30,9 +29,7 @@ POOL_BLOCK = 8  # the paged engine's block: not the scheduler's 16, so the pool 
 def engines(tiny_serve_engine, tmp_path_factory):
     root, ckpt = tmp_path_factory.mktemp("kv-growth"), tiny_serve_engine.parent / "ckpt"
     slots = build_engine(ckpt, root / "slots", LIMITS)
-    build(ckpt, root / "paged", BuildConfig(targets=("onnxruntime",), dtype="float32", kv_layout="paged",
-                                            kv_block_size=POOL_BLOCK, limits=LIMITS))
-    return slots, root / "paged"
+    return slots, build_paged_engine(ckpt, root / "paged", LIMITS, POOL_BLOCK)
 
 
 def _requests() -> list[tuple[list[int], SamplingParams]]:

@@ -1,4 +1,4 @@
-"""Batched prefill (runner/batched_prefill.py, executor/prefill_groups.py) on the real SmolLM2 engine, slot
+"""Batched prefill (runner/batched_prefill.py, runner/scheduling/prefill_groups.py) on the real SmolLM2 engine, slot
 layout: ragged prompts prefilled in ONE engine call, a prefix-cache hit among them and a decoding request
 riding along, give every request the tokens it gets alone, greedy or sampled (seeds, temperatures, top_k,
 top_p and repetition penalties all different)."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prefill_logits import shared_logits, solo_logits
+from prefill_logits import claimed_requests, decode_to_end, shared_logits, solo_logits
 
 from engine_builder import SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
-from engine_builder.executor.prefill_groups import CallCosts
 from engine_builder.runner.batched_prefill import fits, prefill_together, start
+from engine_builder.runner.scheduling.prefill_groups import CallCosts
 from engine_builder.server.metrics import _kv_metrics
 
 # the long one is >16 tokens: its reference run caches its first block, so in the batch its row starts at 16
@@ -50,9 +50,7 @@ def test_ragged_prompts_in_one_call_with_a_rider_equal_each_alone(any_llm, param
     llm = any_llm
     alone = [llm.generate(p, sp)[0].token_ids for p, sp in zip(PROMPTS, params)]
     gen, kv = llm.generator, llm.backend.kv
-    gen.claim("test", "wait for the test")
-    requests = [gen.new_request(i, llm.encode(p), sp) for i, (p, sp) in enumerate(zip(PROMPTS, params))]
-    try:
+    with claimed_requests(gen, [llm.encode(p) for p in PROMPTS], params) as requests:
         for r in requests:
             gen.admit(r)  # slots 0..3
         group, rider, cached = [requests[0], requests[2]], requests[1], requests[3]
@@ -60,7 +58,7 @@ def test_ragged_prompts_in_one_call_with_a_rider_equal_each_alone(any_llm, param
         lengths = [len(r.prompt_ids) for r in group]
         assert starts == {0: 0, 2: 0} and len(set(lengths)) == 2  # ragged: one row is padded
         # the long prompt's reference run cached its first block: its row would start at 16, and a call with a
-        # row past 0 takes the graph's generic attention branch, not the solo calls' numerics
+        # row past 0 takes the generic attention branch on graphs with the If (a call per row without it)
         assert start(gen, cached) == 16 and not fits(gen, {**starts, 3: 16}, [*lengths, len(cached.prompt_ids) - 16])
         events: list = []
         fed = prefill_together(gen, group, events)  # slot 1, admitted but not prefilled, rides along at 0
@@ -69,14 +67,7 @@ def test_ragged_prompts_in_one_call_with_a_rider_equal_each_alone(any_llm, param
         gen.prefill(rider, events)
         gen.prefill(cached, events)
         assert not fits(gen, {0: 0, 2: 0}, lengths)  # slot 1 now decodes: it may not ride in a shared call
-        active = {r.slot: r for r in requests}
-        while active:
-            gen.decode(active, events)
-    finally:
-        for r in requests:
-            if r.slot is not None:
-                gen.release(r)
-        gen.unclaim()
+        decode_to_end(gen, requests, events)
     assert [tuple(r.token_ids) for r in requests] == [tuple(a) for a in alone]
 
 

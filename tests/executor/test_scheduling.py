@@ -1,7 +1,7 @@
-"""Scheduler policies on a real engine (executor/scheduler.py, admission.py, chunked_prefill.py, preemption.py):
-KV-budget admission, chunked prefill equal to one-shot prefill, priority order, preemption by recompute with
-identical tokens. A tiny random Llama with 32 KV slots of 1,024 positions, built from the tiny serve engine's
-checkpoint; every answer is compared with the same request run alone on an LLM without a prefix cache."""
+"""Scheduler policies on a real engine (runner/scheduling/scheduler.py, admission.py, chunked_prefill.py,
+preemption.py): KV-budget admission, chunked prefill equal to one-shot prefill, priority order, preemption by
+recompute with identical tokens. A tiny random Llama with 32 KV slots of 1,024 positions, built from the tiny serve
+engine's checkpoint; every answer is compared with the same request run alone on an LLM without a prefix cache."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from runner_engines import build_engine
 
 from engine_builder import LLM, SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
-from engine_builder.executor.admission import Room, plan_admission
-from engine_builder.executor.chunked_prefill import plan_chunks
 from engine_builder.formats.build_config import Limits
+from engine_builder.runner.scheduling.admission import Room, plan_admission
+from engine_builder.runner.scheduling.chunked_prefill import plan_chunks
 from engine_builder.util.errors import InputError
 
 WIDE = Limits(max_batch=32, max_input_len=128, max_seq_len=1024)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from runner_engines import build_paged_engine
 
 from engine_builder import LLM, SamplingParams
-from engine_builder.build.pipeline import build
-from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.build_config import Limits
 from engine_builder.runner.ort_paged import PagedOrtBackend
 
 BLOCK = 4
@@ -24,9 +24,7 @@ def paged_engine(tiny_serve_engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("paged") / "engine"
     ckpt = tiny_serve_engine.parent / "ckpt"
     lim = LLM(tiny_serve_engine).engine.limits
-    build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32", kv_layout="paged", kv_block_size=BLOCK,
-                                 limits=Limits(lim.max_batch, lim.max_input_len, lim.max_seq_len)))
-    return out
+    return build_paged_engine(ckpt, out, Limits(lim.max_batch, lim.max_input_len, lim.max_seq_len), BLOCK)
 
 
 def words(n: int, seed: int) -> str:

@@ -32,15 +32,15 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine_builder.executor.admission import Room, plan_admission
-from engine_builder.executor.chunked_prefill import plan_chunks
-from engine_builder.executor.kv_budget import KVBudget, KVBudgetStats
-from engine_builder.executor.kv_growth import Blocks, grow_or_preempt
-from engine_builder.executor.preemption import Resumes
-from engine_builder.executor.step_budget import StepBudget
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.scheduling.admission import Room, plan_admission
+from engine_builder.runner.scheduling.chunked_prefill import plan_chunks
+from engine_builder.runner.scheduling.kv_budget import KVBudget, KVBudgetStats
+from engine_builder.runner.scheduling.kv_growth import Blocks, grow_or_preempt
+from engine_builder.runner.scheduling.preemption import Resumes
+from engine_builder.runner.scheduling.step_budget import StepBudget
 from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 DEFAULT_BLOCK_TOKENS = 16

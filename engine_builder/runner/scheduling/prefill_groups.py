@@ -13,11 +13,12 @@ the hardware: on a 2-core CPU, SmolLM2-135M fp32 measured fixed ~36 ms and ~4.5 
 [3, 7] 108 ms against three calls of [1, 7] 216 ms); on a GPU the fixed cost dominates and wide groups win.
 Until the fit has seen calls of different sizes it assumes the fixed cost is DEFAULT_FIXED_TOKENS tokens.
 
-Every row of a shared call, riders too, starts at 0 (batched_prefill.fits: the call then computes exactly
-each row's solo call), so a prefix-cache hit or a decoding slot inside the range keeps a request alone.
-Candidates are the chunks that finish their request's prefill on the plain path (whole_prefill); the rest
-(a chunk of a long prompt, prompt_logprobs, a resumed request) keep their own call, as does everything on
-a paged-cache or longrope engine. Grouping walks the candidates in slot order, so a group spans a contiguous
+On the slot layout every row of a shared call, riders too, starts at 0 (batched_prefill.fits: the call then
+computes exactly each row's solo call), so a prefix-cache hit or a decoding slot inside the range keeps a
+request alone; on the paged layout rows may start anywhere and only free slots ride along (no attention branch
+there). Candidates are the chunks that finish their request's prefill on the plain path (whole_prefill); the
+rest (a chunk of a long prompt, prompt_logprobs, a resumed request) keep their own call, as does everything on
+a longrope engine. Grouping walks the candidates in slot order, so a group spans a contiguous
 slot range: the greedy rule extends the current group or starts a new one.
 """
 

@@ -10,7 +10,7 @@ prompt still advances every step. Before anything is measured it starts at MIN_C
 
 from __future__ import annotations
 
-from engine_builder.executor.chunked_prefill import MIN_CHUNK
+from engine_builder.runner.scheduling.chunked_prefill import MIN_CHUNK
 
 PREFILL_SHARE = 1.0  # a step's prefill time / its decode time
 MAX_AUTO_TOKENS = 2048

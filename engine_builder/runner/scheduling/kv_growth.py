@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_builder.executor.admission import order_key
 from engine_builder.runner.request_state import RequestState
+from engine_builder.runner.scheduling.admission import order_key
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""One scheduled step's engine work: the prefill calls of the plan, then one batched decode.
+
+    events, failures = run_engine_step(scheduler, prefills)      # after scheduler.schedule()
+
+The Executor (engine_builder/executor/executor.py) and LLM.generate (block_admission.py) both run this, so
+a request gets the same engine calls, and so the same tokens, whichever of the two drives it. Failures are
+returned, not raised: the Executor fails just the requests of the call that broke and goes on, LLM.generate
+raises the first one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine_builder.runner.batched_prefill import prefill_together
+from engine_builder.runner.request_state import Event, RequestState, StepClock
+from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
+from engine_builder.runner.scheduling.scheduler import Scheduler
+
+Failure = tuple[RequestState, BaseException]
+
+
+def run_engine_step(sched: Scheduler, prefills: PrefillGroups,
+                    clock: StepClock | None = None) -> tuple[list[Event], list[Failure]]:
+    """Prefill chunks within the step's token budget (short whole prompts share one engine call:
+    prefill_groups.py), then one decode over every running request past its prefill. Returns the step's events
+    and the requests whose engine call (or sampling) raised, with what it raised. clock (LLM.generate's Timings)
+    gets the prefill time and the decode step."""
+    gen = sched.generator
+    events: list[Event] = []
+    failures: list[Failure] = []
+    prefill_started = time.perf_counter()
+    for group in prefills.plan(gen, sched.prefill_plan()):
+        started = time.perf_counter()
+        fed = sum(n for _, n in group)
+        try:
+            if len(group) == 1:
+                gen.prefill(group[0][0], events, group[0][1])
+            else:
+                prefills.batched_calls += 1
+                prefills.batched_requests += len(group)
+                fed = prefill_together(gen, [r for r, _ in group], events)
+        except Exception as exc:  # this call's engine run or sampling failed: its unfinished requests fail
+            failures += [(r, exc) for r, _ in group if not r.finished]  # a finished one's final event is out
+        seconds = time.perf_counter() - started
+        sched.step_budget.observe_prefill(sum(n for _, n in group), seconds)
+        prefills.observe(fed, seconds)
+    failed_ids = {r.index for r, _ in failures}
+    decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
+    try:
+        gen.reprefill(decoding, events)
+        if clock is not None:
+            clock.prefill += time.perf_counter() - prefill_started
+        if decoding:
+            started = time.perf_counter()
+            rows = max(decoding) + 1  # the step runs slots [0, highest): free ones ride along
+            gen.decode(decoding, events, clock)
+            sched.step_budget.observe_decode(time.perf_counter() - started)
+            prefills.observe(rows, time.perf_counter() - started)
+    except Exception as exc:  # the batched call failed: every request in it fails
+        failures += [(r, exc) for r in decoding.values() if not r.finished]
+    return events, failures
