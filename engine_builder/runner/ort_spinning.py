@@ -6,8 +6,12 @@ itself. Measured (benchmarks/spin_wait.py, a SmolLM2-shaped int4 step, 2 threads
 cores, onnxruntime 1.30, Xeon): quiet 4.77 ms spinning vs 5.33 ms not; beside 2 busy processes
 14.3 ms spinning vs 9.6 ms not. On the shared 2-core EPYC this repo is developed on (load average
 ~9) the bundled SmolLM2 `--quant gguf` engine decoded 11.0 tok/s spinning and 31.1 not (median
-of 5 alternating runs). So `auto` spins only when the cores the threads need are idle by the
-1-minute load average, read when the session opens.
+of 5 alternating runs). So `auto` spins only when the cores the threads need are idle, read when the
+session opens: by what other processes used of this process's CPUs since the process started or its
+previous session opened (runner/cpu_busy.py), or by the 1-minute load average where that window is under
+0.2 s or over a minute. The load average alone lagged and counted our own work: benchmarks/peers.py opened
+our int4 twin without spinning (load average 1.4 on 2 CPUs, its own streaming-read test just before)
+and measured 135.6 tok/s against onnxruntime-genai's 192.7 with nothing else running (issue 22).
 
 TRTBUILD_ORT_SPINNING=on|off|auto (default auto) overrides the choice.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from engine_builder.runner.cpu_busy import others_busy_now
 from engine_builder.util.errors import InputError
 
 ENV = "TRTBUILD_ORT_SPINNING"
@@ -30,11 +35,15 @@ def allow_spinning(threads: int, load_average: float | None = None, cpus: int | 
         raise InputError(f"{ENV}={mode!r} is not one of on, off, auto; unset it or pick one of those")
     if threads <= 1:
         return False, "one thread: nothing to wait for"
-    load = os.getloadavg()[0] if load_average is None else load_average
+    measured = others_busy_now() if load_average is None else None
+    if measured is not None:
+        load, source = measured[0], f"other processes' CPU use over the last {measured[1]:.1f} s"
+    else:
+        load, source = (os.getloadavg()[0] if load_average is None else load_average), "load average"
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     idle = cpus - load
     if idle >= threads:
-        return True, f"{idle:.1f} of {cpus} CPUs idle by the load average: enough for {threads} spinning threads"
-    return False, f"load average {load:.1f} on {cpus} CPUs leaves fewer than {threads} idle: spinning would " \
+        return True, f"{idle:.1f} of {cpus} CPUs idle by the {source}: enough for {threads} spinning threads"
+    return False, f"{source} {load:.1f} on {cpus} CPUs leaves fewer than {threads} idle: spinning would " \
                   f"steal from other work and wait on preempted threads"
