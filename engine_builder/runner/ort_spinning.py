@@ -25,6 +25,11 @@ from engine_builder.util.errors import InputError
 
 ENV = "TRTBUILD_ORT_SPINNING"
 
+# Intra-op threads of this process's sessions that were let spin by a measured decision: what others_busy
+# leaves out as our own, although they take cores whenever they spin (a draft and a target session, a server
+# that reloads). Never decreased (a session's end is not seen here): the error is not spinning.
+_spinning_in_process = 0
+
 
 def allow_spinning(threads: int, load_average: float | None = None, cpus: int | None = None) -> tuple[bool, str]:
     """(spin, why) for a session of THREADS intra-op threads on a machine of CPUS with LOAD_AVERAGE."""
@@ -35,15 +40,21 @@ def allow_spinning(threads: int, load_average: float | None = None, cpus: int | 
         raise InputError(f"{ENV}={mode!r} is not one of on, off, auto; unset it or pick one of those")
     if threads <= 1:
         return False, "one thread: nothing to wait for"
+    global _spinning_in_process
     measured = others_busy_now() if load_average is None else None
     if measured is not None:
         load, source = measured[0], f"other processes' CPU use over the last {measured[1]:.1f} s"
+        if _spinning_in_process:
+            load, source = load + _spinning_in_process, source + f" plus {_spinning_in_process} spinning threads " \
+                                                                 "of this process's other sessions"
     else:
         load, source = (os.getloadavg()[0] if load_average is None else load_average), "load average"
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     idle = cpus - load
     if idle >= threads:
+        if measured is not None:
+            _spinning_in_process += threads
         return True, f"{idle:.1f} of {cpus} CPUs idle by the {source}: enough for {threads} spinning threads"
     return False, f"{source} {load:.1f} on {cpus} CPUs leaves fewer than {threads} idle: spinning would " \
                   f"steal from other work and wait on preempted threads"

@@ -72,3 +72,22 @@ def test_auto_does_not_spin_beside_a_busy_process(monkeypatch):
     finally:
         burner.wait()
     assert not spin and "other processes' CPU use over the last" in why, why
+
+
+def test_a_second_session_counts_the_first_ones_spinning_threads(monkeypatch):
+    """Measured decisions leave this process's own CPU time out, so the threads a session of this process was
+    let spin are counted as busy for the next (on a claimed 64 CPUs: what others use here is at most the
+    machine's own CPUs)."""
+    import time
+
+    from engine_builder.runner import ort_spinning
+    from engine_builder.runner.cpu_busy import others_busy_now
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ort_spinning, "_spinning_in_process", 0)
+    others_busy_now()
+    time.sleep(0.25)  # a window long enough to be measured
+    assert allow_spinning(40, cpus=64)[0]
+    time.sleep(0.25)
+    spin, why = allow_spinning(40, cpus=64)
+    assert not spin and "plus 40 spinning threads" in why, why
