@@ -44,7 +44,7 @@ def test_others_busy_counts_other_processes_not_ours():
     now = CpuSample(wall=101.0, busy=1000 + int(1.5 * hz), own=200 + int(0.5 * hz), cpus=2)
     cores, window = others_busy(since, now)
     assert cores == pytest.approx(1.0) and window == pytest.approx(1.0)
-    assert others_busy(since, CpuSample(100.1, 1010, 200, 2)) is None  # too short a window to tell
+    assert others_busy(since, CpuSample(100.05, 1010, 200, 2)) is None  # too short a window to tell
     assert others_busy(since, CpuSample(200.0, 9000, 200, 2)) is None  # older than the load average's minute
     assert others_busy(since, CpuSample(101.0, 1100, 200, 3)) is None  # another CPU set
     assert others_busy(None, now) is None
