@@ -1,13 +1,15 @@
-"""Where our float32 decode step's time goes against onnxruntime-genai's float32 model, in one process.
+"""Where our decode step's time goes against onnxruntime-genai's model, in one process (float32 or int4).
 
     python benchmarks/decode_overhead.py [--threads 1 2] [--tokens 128] [--rounds 5] [--prompt-tokens 32]
                                          [--ours ENGINE_DIR ...] [--genai MODEL_DIR] [--work build/bench-peers]
-                                         [--unpacked] [--profile] [--json]
+                                         [--int4 ours-int4-same] [--unpacked] [--profile] [--json]
 
 By default both models are benchmarks/peers.py's, made if missing from the bundled SmolLM2 Q4_1 GGUF
 (benchmarks/peers_build.py: our fp32 twin via convert + build, onnxruntime-genai's via its own model
-builder on the dequantized GGUF); --ours takes several engine dirs (an A/B of two builds). All run on
-the same onnxruntime. Per decoded token, at each --threads:
+builder on the dequantized GGUF); --ours takes several engine dirs (an A/B of two builds). --int4 SYSTEM
+compares peers.py's int4 SYSTEM (ours-int4-same: int4_awq g32 with an int4 lm_head, genai's bytes) with
+onnxruntime-genai's int4 model (block 32, accuracy level 4) instead. All run on the same onnxruntime.
+Per decoded token, at each --threads:
   (i)   ours bare: session.run_with_iobinding on our step graph, the LLM's own session and decode binding;
         per step only the position and the cache length are written (the cache bound in place)
   (i')  with --unpacked: the same on model.onnx packed at load instead of the prepacked twin
@@ -24,7 +26,9 @@ spinning included). The bare loops start at --prompt-tokens cached positions (ze
 depends on the lengths, not the values) and decode --tokens steps; the generate loops prefill the
 eval text's first --prompt-tokens ids. --profile adds onnxruntime's profiler over each bare loop: ms
 per step and node count per op type (If's own time, without the branch it ran) and the run's time
-outside kernels. The profiler adds a fixed cost per node, so it magnifies what node counts cost.
+outside kernels, and MatMulNBits' median kernel time per shape (K x N): the same shape on both sides is the
+same MLAS kernel, so a difference there is the weights' layout or memory, not the graph. The profiler adds
+a fixed cost per node, so it magnifies what node counts cost.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.append(str(HERE))  # after the repo root: benchmarks/passes.py would shadow passes/
 
-from peers_build import artifact  # noqa: E402
+from peers_build import SYSTEMS, artifact  # noqa: E402
 
 TITLES = {"bare": "(i) bare run_with_iobinding", "unpacked": "(i') bare, model.onnx packed at load",
           "step": "(ii) backend.step", "llm": "(iii) LLM generator loop",
@@ -222,6 +226,20 @@ def open_backend(engine: Path, threads: int, profile: bool = False, unpacked: bo
 
 
 def measure(threads: int, args, prompt: list[int]) -> dict:
+    from engine_builder.runner.ort_spinning import ENV, allow_spinning
+
+    if ENV in os.environ:
+        return _measure(threads, args, prompt)
+    # one auto decision for every session of this measurement: "our options" are then the same for (i) and (v)
+    # (a second session's own decision would count the first one's spinning threads: runner/ort_spinning.py)
+    os.environ[ENV] = "on" if allow_spinning(threads)[0] else "off"
+    try:
+        return _measure(threads, args, prompt)
+    finally:
+        del os.environ[ENV]
+
+
+def _measure(threads: int, args, prompt: list[int]) -> dict:
     import engine_builder.runner.ort_backend as ort_backend
     from engine_builder import LLM
 
@@ -275,17 +293,30 @@ def op_profile(session, loop, n: int) -> dict:
              and e["ts"] >= runs[0]["ts"]]
     per_op: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.defaultdict(int)
+    shapes: dict[str, list[float]] = collections.defaultdict(list)  # MatMulNBits "K x N" -> kernel us per call
     for e in nodes:
         op = e["args"].get("op_name", "?")
         per_op[op] += e["dur"]
         count[op] += 1
+        if op == "MatMulNBits":
+            shapes[_nbits_shape(e["args"])].append(e["dur"])
     if "If" in per_op:  # an If's time includes the branch it ran, whose nodes are profiled too: keep its own
         per_op["If"] -= sum(e["dur"] for e in nodes if "/gqa/" in e["name"] or "/fallback/" in e["name"])
     kernels, run_us = sum(per_op.values()), sum(r["dur"] for r in runs)
     ops = {op: {"ms": us / 1000 / n, "nodes": count[op] // n}
            for op, us in sorted(per_op.items(), key=lambda kv: -kv[1])}
     return {"run_ms": run_us / 1000 / n, "kernel_ms": kernels / 1000 / n,
-            "outside_kernels_ms": (run_us - kernels) / 1000 / n, "ops": ops}
+            "outside_kernels_ms": (run_us - kernels) / 1000 / n, "ops": ops,
+            "matmulnbits_us": {k: {"median_us": statistics.median(v), "per_step": len(v) // n}
+                               for k, v in sorted(shapes.items())}}
+
+
+def _nbits_shape(args: dict) -> str:
+    """"K x N" of a profiled MatMulNBits (its activation's last dim, its output's)."""
+    def last(shapes: list) -> int:
+        return next(iter(shapes[0].values()))[-1] if shapes else 0
+
+    return f"{last(args.get('input_type_shape', []))} x {last(args.get('output_type_shape', []))}"
 
 
 def table(results: list[dict]) -> str:
@@ -309,6 +340,9 @@ def table(results: list[dict]) -> str:
                          f"{p['outside_kernels_ms']:.2f} outside")
             for op, o in p["ops"].items():
                 lines.append(f"    {op:<34} {o['ms']:7.3f} ms {o['nodes']:5d} nodes")
+            for shape, o in p.get("matmulnbits_us", {}).items():
+                lines.append(f"    MatMulNBits K x N = {shape:<14} {o['median_us']:8.1f} us median, "
+                             f"{o['per_step']:3d} per step")
     return "\n".join(lines)
 
 
@@ -321,13 +355,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("build/bench-peers"))
     parser.add_argument("--ours", type=Path, nargs="+", help="engine dirs (default: peers.py's fp32 twin)")
     parser.add_argument("--genai", type=Path, help="onnxruntime-genai model dir (default: peers.py's fp32 one)")
+    parser.add_argument("--int4", choices=sorted(s for s in SYSTEMS if s.startswith("ours-int4")),
+                        help="compare this int4 system of peers.py with onnxruntime-genai int4 (default: float32)")
     parser.add_argument("--unpacked", action="store_true", help="also time each engine's model.onnx packed at load")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     # peers.py's artifacts (KV room for a 512-token prefill and 128 new tokens, batch 8), made if missing
-    args.ours = args.ours or [artifact(args.work, "ours-fp32", 640, 512, 8)]
-    args.genai = args.genai or artifact(args.work, "genai-fp32", 640, 512, 8)
+    args.ours = args.ours or [artifact(args.work, args.int4 or "ours-fp32", 640, 512, 8)]
+    args.genai = args.genai or artifact(args.work, "genai-int4" if args.int4 else "genai-fp32", 640, 512, 8)
     from peers import eval_ids
 
     prompt = eval_ids(args.work, args.ours[0], args.prompt_tokens)

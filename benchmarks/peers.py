@@ -74,7 +74,10 @@ class Worker:
         ready = self.proc.stdout.readline()
         if not ready:
             raise SystemExit(f"{name}: its worker exited while loading (its stderr is above)")
-        self.pid = json.loads(ready)["pid"]
+        ready = json.loads(ready)
+        self.pid = ready["pid"]
+        # onnxruntime's spin-waiting, as the worker opened (ours: the auto rule read the load average then)
+        self.spinning, self.load_average = ready.get("spinning", "-"), ready.get("load_average")
 
     def ask(self, **cmd) -> tuple[dict, float]:
         """Send a command; (its answer, the other processes' CPU during it, in cores)."""
@@ -186,6 +189,7 @@ def main() -> None:
     for s in names:  # one at a time: loading one system does not slow another's warm-up
         say(f"loading and warming up {s} ...")
         workers[s] = Worker(s, paths[s], threads, max_seq, {"prompt": prompt, "n": 8})
+    spinning = {s: {"spinning": w.spinning, "load_average_at_open": w.load_average} for s, w in workers.items()}
     timed: dict[str, dict[str, list[float]]] = {s: {} for s in names}
 
     def record(s: str, key: str, value: float, others: float) -> None:
@@ -251,7 +255,7 @@ def main() -> None:
                    "prefill_tok_s": median(s, "prefill"), "prefill_others_cores": median(s, "prefill_others"),
                    "batch_tok_s": median(s, "batch"), "batch_others_cores": median(s, "batch_others"),
                    "peak_rss_mb": rss[s] / 1e6, "weight_mb": weight_bytes(paths[s]) / 1e6,
-                   "ceiling_share": decode * weight_bytes(paths[s]) / (bw * 1e9),
+                   "ceiling_share": decode * weight_bytes(paths[s]) / (bw * 1e9), **spinning[s],
                    **({"fidelity": scores[s]} if s in scores else {})}
     report = {"machine": machine(), "versions": versions(), "threads": threads, "new_tokens": n,
               "prompt_tokens": len(prompt), "prefill_tokens": len(long_ids), "batch": batch, "runs": args.runs,
@@ -288,6 +292,11 @@ def table(r: dict) -> str:
     lines.append("decode, prefill, batch: tok/s (batch: aggregate); others: cores used by other processes during the "
                  "decode runs; W MB: weight bytes read per token; ceil: decode x W / streaming read (1.0 = the "
                  "bandwidth ceiling); KL, top-1, ppl x: against our fp32 twin on the shipped eval text")
+    spins = [f"{s} {row['spinning']} (load {row['load_average_at_open']:.1f})" for s, row in r["systems"].items()
+             if row.get("spinning", "-") != "-"]
+    if spins:  # a 5 ms int4 step is ~300 kernels: spinning or not moves it by 10-30 %, so say which each had
+        lines.append("onnxruntime threads spin-waiting, as each worker opened (1-minute load average then): "
+                     + ", ".join(spins))
     return "\n".join(lines)
 
 

@@ -34,6 +34,11 @@ class Ours:
         # would only load cached blocks (measured: 8,137 "prefill tok/s" for 512 tokens on 2 threads)
         self.llm = LLM(engine, backend="onnxruntime", threads=threads, prefix_cache=False)
 
+    def spinning(self) -> str:
+        """Whether the session's intra-op threads spin-wait (runner/ort_spinning.py chose it at open)."""
+        options = self.llm.backend.session.get_session_options()
+        return "on" if options.get_session_config_entry("session.intra_op.allow_spinning") != "0" else "off"
+
     def generate(self, prompts: list[list[int]], n: int) -> list[float]:
         from engine_builder import SamplingParams
 
@@ -76,6 +81,12 @@ class OrtGenAI:
             (model_dir / "genai_config.json").write_text(json.dumps(config, indent=4))
         self.og, self.dir, self.threads = og, model_dir, threads
         self.model = og.Model(str(model_dir))
+        entries = options.get("config_entries", {})
+        # onnxruntime's default is to spin; onnxruntime-genai 0.18 sets nothing else unless its config says so
+        self._spinning = "off" if entries.get("session.intra_op.allow_spinning") == "0" else "on"
+
+    def spinning(self) -> str:
+        return self._spinning
 
     def generate(self, prompts: list[list[int]], n: int) -> list[float]:
         og = self.og

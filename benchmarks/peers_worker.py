@@ -7,6 +7,9 @@ stdin takes one JSON command per line, stdout answers one JSON line each:
   {"op": "prefill", "prompt": [ids]}               -> {"seconds": s}
   {"op": "log_probs", "windows": [[ids]], "out": F} -> {"positions": p} (np.save(F, [positions, vocab]))
   {"op": "rss"}                                    -> {"peak_rss_bytes": VmHWM, "pid": pid}
+Its first line, once loaded and warmed: {"ready": true, "pid": pid, "spinning": "on" | "off" | "-" (whether its
+onnxruntime threads spin-wait; "-" for a system not on onnxruntime), "load_average": the 1-minute load average
+just before it opened (what our `auto` spinning rule read, runner/ort_spinning.py)}.
 Anything a library prints goes to stderr: the answers own file descriptor 1.
 """
 
@@ -56,11 +59,14 @@ def main() -> None:
     args = parser.parse_args()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # C libraries' prints go to stderr
+    load_average = os.getloadavg()[0]
     system = open_system(args.kind, args.path, args.threads, args.context, args.logits_all)
     if args.warmup:
         w = json.loads(args.warmup)
         system.generate([w["prompt"]], w["n"])
-    answers.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    spinning = system.spinning() if hasattr(system, "spinning") else "-"
+    answers.write(json.dumps({"ready": True, "pid": os.getpid(), "spinning": spinning,
+                              "load_average": load_average}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]

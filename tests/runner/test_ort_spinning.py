@@ -48,3 +48,62 @@ def test_sessions_that_take_turns_stop_spinning_after_a_run():
         with sessions_take_turns(False):
             assert not _stops_after_run(session_options("float32", threads=2))
     assert not _stops_after_run(session_options("float32", threads=2))
+
+
+def test_others_busy_counts_other_processes_not_ours():
+    from engine_builder.runner import cpu_busy
+    from engine_builder.runner.cpu_busy import CpuSample, others_busy
+
+    hz = cpu_busy._HZ
+    since = CpuSample(wall=100.0, busy=1000, own=200, cpus=2)
+    # 1 s later: the CPUs ran 1.5 s of work, 0.5 s of it this process's: others kept 1.0 core busy
+    now = CpuSample(wall=101.0, busy=1000 + int(1.5 * hz), own=200 + int(0.5 * hz), cpus=2)
+    cores, window = others_busy(since, now)
+    assert cores == pytest.approx(1.0) and window == pytest.approx(1.0)
+    assert others_busy(since, CpuSample(100.05, 1010, 200, 2)) is None  # too short a window to tell
+    assert others_busy(since, CpuSample(200.0, 9000, 200, 2)) is None  # older than the load average's minute
+    assert others_busy(since, CpuSample(101.0, 1100, 200, 3)) is None  # another CPU set
+    assert others_busy(None, now) is None
+
+
+def test_auto_does_not_spin_beside_a_busy_process(monkeypatch):
+    """A real process burning a core while the window runs: the cores it takes are not idle for our threads
+    (other processes on this shared machine only add to what is measured)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from engine_builder.runner.cpu_busy import others_busy_now
+
+    monkeypatch.delenv(ENV, raising=False)
+    threads = max(len(os.sched_getaffinity(0)), 2)  # every CPU: one busy core leaves too few
+    burn = "import time\nend = time.time() + 1.2\nwhile time.time() < end: pass"
+    burner = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        time.sleep(0.2)  # its interpreter started
+        others_busy_now()  # the window starts here
+        time.sleep(0.6)
+        spin, why = allow_spinning(threads)
+    finally:
+        burner.wait()
+    assert not spin and "other processes' CPU use over the last" in why, why
+
+
+def test_a_second_session_counts_the_first_ones_spinning_threads(monkeypatch):
+    """Measured decisions leave this process's own CPU time out, so the threads a session of this process was
+    let spin are counted as busy for the next (on a claimed 64 CPUs: what others use here is at most the
+    machine's own CPUs)."""
+    import time
+
+    from engine_builder.runner import ort_spinning
+    from engine_builder.runner.cpu_busy import others_busy_now
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ort_spinning, "_spinning_in_process", 0)
+    others_busy_now()
+    time.sleep(0.25)  # a window long enough to be measured
+    assert allow_spinning(40, cpus=64)[0]
+    time.sleep(0.25)
+    spin, why = allow_spinning(40, cpus=64)
+    assert not spin and "plus 40 spinning threads" in why, why
