@@ -116,24 +116,12 @@ def gather_seconds(layout, pool_blocks: int, batch: int, context: int, threads: 
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--work", type=Path, default=Path("build/bench-paged"))
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-
+def measure(args, dirs: dict[str, Path], max_batch: int, max_seq: int) -> tuple[list[dict], dict]:
+    """(a row per batch size, the in-place check): both layouts' decode steps, alternating every run."""
     from engine_builder.runner.engine import EngineDir
     from engine_builder.runner.ort_backend import OrtBackend
     from engine_builder.runner.ort_paged import PagedOrtBackend
 
-    max_batch, max_seq = max(args.batch), args.context + args.steps + 1
-    dirs = engine_dirs(args.work, max_batch, max_seq, args.block_size)
     paged_engine = EngineDir.load(dirs["paged"])
     backends = {"slots": OrtBackend(EngineDir.load(dirs["slots"]), threads=args.threads),
                 "paged": PagedOrtBackend(paged_engine, threads=args.threads,
@@ -168,12 +156,33 @@ def main() -> None:
                      "slots_cpu_ms": round(slots_cpu, 3), "paged_cpu_ms": round(paged_cpu, 3),
                      "paged_over_slots_cpu": round(paged_cpu / slots_cpu, 4),
                      "gather_ms_per_step": round(gather_ms, 3)})
+    return rows, in_place
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--work", type=Path, default=Path("build/bench-paged"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from spin_policy import same_spinning
+
+    max_batch, max_seq = max(args.batch), args.context + args.steps + 1
+    dirs = engine_dirs(args.work, max_batch, max_seq, args.block_size)
+    with same_spinning(args.threads) as spinning:  # both layouts' sessions alike, taking turns
+        rows, in_place = measure(args, dirs, max_batch, max_seq)
     if args.json:
         print(json.dumps({"rows": rows, "block_size": args.block_size, "runs": args.runs, "steps": args.steps,
-                          "in_place": in_place}))
+                          "in_place": in_place, "spinning": spinning}))
         return
     print(f"SmolLM2-135M float32 twin, context {args.context}, block {args.block_size}, "
-          f"medians of {args.runs} x {args.steps} decode steps")
+          f"medians of {args.runs} x {args.steps} decode steps; spinning {spinning} for both, taking turns")
     print(f"{'batch':>5} {'slots ms':>9} {'paged ms':>9} {'paged/slots':>11} {'cpu paged/slots':>15} "
           f"{'gather ms':>9}")
     for r in rows:

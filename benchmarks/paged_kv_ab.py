@@ -71,16 +71,8 @@ def interleaved(backends: list, batch: int, context: int, steps: int) -> tuple[l
     return wall, cpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("engines", nargs="+", type=Path, help="the first is the baseline")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def measure(args) -> tuple[list[dict], list[float]]:
+    """(a row per batch size and engine, the load average before and after each batch size)."""
     max_seq = args.context + args.steps + 1
     backends = [open_backend(e, args.threads, max(args.batch), max_seq) for e in args.engines]
     load = [os.getloadavg()[0]]
@@ -99,11 +91,30 @@ def main() -> None:
                          "wall_ratio": round(statistics.median(a / b for a, b in zip(wall[i], wall[0])), 4),
                          "cpu_ratio": round(statistics.median(a / b for a, b in zip(cpu[i], cpu[0])), 4)})
         load.append(os.getloadavg()[0])
+    return rows, load
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("engines", nargs="+", type=Path, help="the first is the baseline")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from spin_policy import same_spinning
+
+    with same_spinning(args.threads) as spinning:  # every engine's session alike, taking turns
+        rows, load = measure(args)
     if args.json:
         print(json.dumps({"rows": rows, "load_average": load, "threads": args.threads, "rounds": args.rounds,
-                          "steps": args.steps, "context": args.context}))
+                          "steps": args.steps, "context": args.context,
+                          "spinning": spinning}))
         return
-    print(f"context {args.context}, {args.rounds} rounds x {args.steps} steps in turn, {args.threads} threads, "
+    print(f"context {args.context}, {args.rounds} rounds x {args.steps} steps in turn, {args.threads} threads "
+          f"(spinning {spinning}, taking turns), "
           f"load average {' -> '.join(f'{x:.1f}' for x in load)}; ratios: median of per-turn step / baseline step")
     for r in rows:
         print(f"bs{r['batch']:<2} {r['engine']:<60} wall {r['wall_ms']:8.2f} ms ({r['wall_ratio']:.3f})  "
