@@ -226,17 +226,11 @@ def open_backend(engine: Path, threads: int, profile: bool = False, unpacked: bo
 
 
 def measure(threads: int, args, prompt: list[int]) -> dict:
-    from engine_builder.runner.ort_spinning import ENV, allow_spinning
+    from spin_policy import same_spinning
 
-    if ENV in os.environ:
-        return _measure(threads, args, prompt)
     # one auto decision for every session of this measurement: "our options" are then the same for (i) and (v)
-    # (a second session's own decision would count the first one's spinning threads: runner/ort_spinning.py)
-    os.environ[ENV] = "on" if allow_spinning(threads)[0] else "off"
-    try:
+    with same_spinning(threads, take_turns=False):
         return _measure(threads, args, prompt)
-    finally:
-        del os.environ[ENV]
 
 
 def _measure(threads: int, args, prompt: list[int]) -> dict:

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def same_spinning(threads: int | None) -> Iterator[str]:
-    """Yields "on" or "off": what every session opened inside gets (TRTBUILD_ORT_SPINNING wins if set)."""
+def same_spinning(threads: int | None, take_turns: bool = True) -> Iterator[str]:
+    """Yields "on" or "off": what every session opened inside gets (TRTBUILD_ORT_SPINNING wins if set).
+    take_turns=False keeps onnxruntime's spinning after a Run (decode_overhead.py times one session at a time)."""
     from engine_builder.runner.ort_spinning import ENV, allow_spinning, sessions_take_turns
     from engine_builder.util.cpu_cores import physical_cores
 
@@ -25,7 +26,7 @@ def same_spinning(threads: int | None) -> Iterator[str]:
     if before is None:
         os.environ[ENV] = "on" if allow_spinning(threads or physical_cores())[0] else "off"
     try:
-        with sessions_take_turns():
+        with sessions_take_turns(take_turns):
             yield os.environ[ENV]
     finally:
         if before is None:
