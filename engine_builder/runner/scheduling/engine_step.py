@@ -32,7 +32,7 @@ def run_engine_step(sched: Scheduler, prefills: PrefillGroups,
     prefill_started = time.perf_counter()
     for group in prefills.plan(gen, sched.prefill_plan()):
         started = time.perf_counter()
-        fed = sum(n for _, n in group)
+        planned = fed = sum(n for _, n in group)
         try:
             if len(group) == 1:
                 gen.prefill(group[0][0], events, group[0][1])
@@ -43,7 +43,7 @@ def run_engine_step(sched: Scheduler, prefills: PrefillGroups,
         except Exception as exc:  # this call's engine run or sampling failed: its unfinished requests fail
             failures += [(r, exc) for r, _ in group if not r.finished]  # a finished one's final event is out
         seconds = time.perf_counter() - started
-        sched.step_budget.observe_prefill(sum(n for _, n in group), seconds)
+        sched.step_budget.observe_prefill(planned, seconds)
         prefills.observe(fed, seconds)
     failed_ids = {r.index for r, _ in failures}
     decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
