@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from engine_builder.cli.console import verbose
+from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import TrtbuildError
 
 HELP = "commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves"
@@ -31,6 +32,7 @@ def chat(
                                                               "to the acceptance rate).")] = None,
     prefix_cache: Annotated[bool, typer.Option(help="Keep the conversation's KV between turns, so each turn "
                                                     "prefills only what is new (onnxruntime backend).")] = True,
+    kv_cache_memory: KVCacheMemory = None,
 ) -> None:
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
@@ -45,7 +47,8 @@ def chat(
     from engine_builder.runner.speculative.speculative_config import from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
-    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache)
+    memory = kv_cache_bytes(kv_cache_memory)
+    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache, kv_cache_memory=memory)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import InputError
 
 
@@ -63,6 +64,7 @@ def run(
                                                               "to the acceptance rate).")] = None,
     prefix_cache: Annotated[bool, typer.Option(help="Reuse cached KV blocks of earlier prompts (onnxruntime "
                                                     "backend; same answers at temperature 0).")] = True,
+    kv_cache_memory: KVCacheMemory = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -99,11 +101,13 @@ def run(
     from engine_builder.runner.speculative.speculative_config import from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
+    memory = kv_cache_bytes(kv_cache_memory)
     text = _read_prompt(prompt)
 
     from engine_builder.runner.llm import LLM
 
-    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache)
+    llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache,
+              kv_cache_memory=memory)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)

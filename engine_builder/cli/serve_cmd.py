@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -67,6 +68,7 @@ def serve(
                                                               "blocks, growing as it decodes; the least urgent is "
                                                               "preempted when they run out); default: max_batch x "
                                                               "max_seq_len.")] = None,
+    kv_cache_memory: KVCacheMemory = None,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
                                                          "finish before they are cancelled.")]
     = DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -124,12 +126,13 @@ def serve(
     from engine_builder.server.http_server import serve as serve_engine
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
+    memory = kv_cache_bytes(kv_cache_memory)
     serve_engine(engine_dir, host=host, port=port, max_batch=max_batch,
                  max_concurrent_requests=max_concurrent_requests, max_input_tokens=max_input_tokens,
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
                  threads=threads, prefix_cache=prefix_cache, shutdown_timeout=shutdown_timeout,
                  max_num_batched_tokens=max_num_batched_tokens, kv_budget_tokens=kv_budget_tokens,
-                 max_request_bytes=max_request_bytes,
+                 kv_cache_memory=memory, max_request_bytes=max_request_bytes,
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  max_concurrent_per_client=max_concurrent_per_client,

@@ -53,7 +53,7 @@ class BlockPool:
         keys/values are then empty and copy() calls copy_blocks, which that backend sets."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise InputError(f"a KV block pool needs at least 2 blocks (one is scratch), got {num_blocks!r}; "
-                             "raise kv_cache_memory")
+                             "raise kv_cache_memory (--kv-cache-memory)")
         self.layout, self.num_blocks, self.block_size = layout, num_blocks, layout.block_size
         self.dtype = numpy_kv_dtype(layout.dtype)
         shape = layout.pool_shape(num_blocks)
@@ -80,9 +80,9 @@ class BlockPool:
         if max_blocks is not None:
             blocks = min(blocks, max_blocks)
         if blocks < min_blocks:
-            raise CapacityError(f"kv_cache_memory {kv_cache_memory} bytes holds {blocks} KV blocks of "
-                                f"{layout.bytes_per_block} bytes, fewer than the {min_blocks} needed; give at "
-                                f"least {min_blocks * layout.bytes_per_block} bytes")
+            raise CapacityError(f"kv_cache_memory (--kv-cache-memory) {kv_cache_memory} bytes holds {blocks} KV "
+                                f"blocks of {layout.bytes_per_block} bytes, fewer than the {min_blocks} needed; give "
+                                f"at least {min_blocks * layout.bytes_per_block} bytes")
         return cls(layout, int(blocks), host_buffers)
 
     @property
@@ -102,7 +102,7 @@ class BlockPool:
         if n > len(self._free):
             raise CapacityError(f"the KV cache needs {n} free blocks but has {len(self._free)} of "
                                 f"{self.num_blocks - 1}; wait for running requests to finish, or raise "
-                                "kv_cache_memory")
+                                "kv_cache_memory (--kv-cache-memory)")
         out = [self._free.pop() for _ in range(n)]
         self.refcount[out] = 1
         return out

@@ -137,8 +137,8 @@ class LLM:
         prefills only the new turn. Greedy answers are the same with and without it. onnxruntime backend
         only, and not for longrope models (their cached keys change past a length); False turns it off.
         kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
-        fraction of the available RAM); there prefix_cache shares cached blocks by reference
-        (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
+        quarter of the available RAM; InputError for a slot engine, whose KV is fixed); there prefix_cache
+        shares cached blocks by reference (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
         kv_budget_tokens: the KV all of generate()'s running requests may hold together, in tokens (default: every
         slot's max_seq_len). Requests are admitted by the free KV blocks of this budget (and of a paged engine's
         pool) for their context, grow block by block and are preempted by recompute when blocks run out, with
@@ -152,6 +152,11 @@ class LLM:
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
         try:
+            if kv_cache_memory is not None and self.engine.kv_layout_kind != "paged":
+                # a slot engine's KV is max_batch x max_seq_len, fixed at build time
+                raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
+                                 f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
+                                 "`trtbuild build --kv-layout paged`, or leave the option out")
             # a target and its draft alternate; an LLM opened inside a caller's sessions_take_turns() keeps it
             turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
             with turns:
