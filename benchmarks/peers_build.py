@@ -42,8 +42,13 @@ SYSTEMS = {
     "genai-int4": System("onnxruntime-genai int4 (block 32, acc. level 4)", "genai", "int4", True),
     "llama.cpp": System("llama.cpp Q4_1 file (llama-cpp-python)", "llama.cpp", "", True),
     "ours-gguf": System("ours --quant gguf (the file's Q4_1 blocks)", "ours", "gguf", True),
+    # llama.cpp's own arithmetic: it multiplies Q4_1 blocks by activations quantized to Q8_1 and its Q8_0 head by
+    # Q8_0 activations; here the same blocks at onnxruntime's int8 activations (`build --twin-accuracy draft`)
+    "ours-gguf-int8act": System("ours --quant gguf --lm-head int8, int8 activations", "ours", "gguf_lm8", True),
 }
-DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("transformers", "ours-int4wo", "ours-int4wo-same")]
+TWIN_ACCURACY = {"gguf_lm8": "draft"}  # variant -> `build --twin-accuracy` (the rest: auto)
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("transformers", "ours-int4wo", "ours-int4wo-same",
+                                                  "ours-gguf-int8act")]
 
 
 def hf_dequantized(work: Path) -> Path:
@@ -84,13 +89,16 @@ def genai_model(work: Path, precision: str) -> Path:
 
 def our_engine(work: Path, variant: str, max_seq: int, max_input: int, max_batch: int) -> Path:
     from engine_builder.build.pipeline import build
-    from engine_builder.formats.build_config import BuildConfig, Limits
+    from engine_builder.formats.build_config import DEFAULT_PASSES, BuildConfig, Limits, PassLists
+    from engine_builder.formats.twin_accuracy import with_twin_accuracy
 
     out = work / f"engine-{variant}-b{max_batch}-i{max_input}-s{max_seq}"
     if not (out / "manifest.json").exists():
         limits = Limits(max_batch=max_batch, max_input_len=max_input, max_seq_len=max_seq)
-        build(checkpoint(work, variant), out, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits),
-              force=out.exists())
+        passes = PassLists(onnxruntime=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], TWIN_ACCURACY[variant])) \
+            if variant in TWIN_ACCURACY else PassLists()
+        build(checkpoint(work, variant), out, BuildConfig(targets=("onnxruntime",), dtype="float32", limits=limits,
+                                                          passes=passes), force=out.exists())
     return out
 
 

@@ -23,13 +23,14 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
     "fp32_kv8": ("none", None, "int8"),  # float weights, int8 KV cache
     "int4_awq_kv8": ("int4_awq", 64, "int8"),
     "gguf": ("gguf", None, "none"),  # the GGUF's own Q4_1 blocks, nothing re-quantized
+    "gguf_lm8": ("gguf", None, "none"),  # the same with the tied Q8_0 head int8 in its own blocks of 32
     "int4_awq_g32_lm8": ("int4_awq", 32, "none"),  # --lm-head int8 (the default)
     "int4_awq_g32_lm4": ("int4_awq", 32, "none"),  # --lm-head same: int4 in groups of 32
     "int4_wo_g32_lm8": ("int4_wo", 32, "none"),
     "int4_wo_g32_lm4": ("int4_wo", 32, "none"),
 }
 LM_HEAD = {"int4_awq_g32_lm8": "int8", "int4_awq_g32_lm4": "same", "int4_wo_g32_lm8": "int8",
-           "int4_wo_g32_lm4": "same"}  # the rest: float (gguf: the file's)
+           "int4_wo_g32_lm4": "same", "gguf_lm8": "int8"}  # the rest: float
 
 
 def checkpoint(work: Path, variant: str) -> Path:
@@ -41,8 +42,8 @@ def checkpoint(work: Path, variant: str) -> Path:
     if not ckpt.exists():
         quant, group, kv_cache = VARIANTS[variant]
         options = {} if quant == "none" else {"group_size": group, "lm_head": LM_HEAD.get(variant, "float")}
-        if quant == "gguf":
-            options = {"exclude": ["lm_head"]}
+        if quant == "gguf":  # the head dequantized to float unless an int8 one is asked for
+            options = {"lm_head": LM_HEAD[variant]} if variant in LM_HEAD else {"exclude": ["lm_head"]}
         convert(smollm2_gguf(), ckpt, dtype="float32", quant=quant, kv_cache=kv_cache, **options)
     return ckpt
 
