@@ -113,7 +113,13 @@ class Story:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
         self.tokens = list(llm.generate(prompt_token_ids=[self.prompt], params=params)[0].token_ids)
         # as the benchmark's warm-up leaves it: the prompt and first token fed in one step, then parked; every
-        # later request takes the parked slot over, rewinds to the prompt and feeds the first token alone
+        # later request takes the parked slot over, rewinds to the prompt and feeds the first token alone. An
+        # earlier prompt's parked slot is freed first, so that this prompt is fed whole as in the benchmark (taken
+        # over, it would lend its common prefix, the chat template; the replay gave the same figures either way)
+        kv = proposer.backend.kv
+        for parked in list(proposer._parked):
+            proposer.backend.release(kv.slot_of(parked))
+            del proposer._parked[parked]
         warm = self._request([self.tokens[0]])
         self.proposer.propose(warm, 1)
         self.proposer.release(warm)
