@@ -42,6 +42,10 @@ PROMPTS = ["Write a short story about a fox who finds a lost key in the forest."
            "Write a short story about a robot who learns to paint.",
            "Tell a bedtime story about a little owl who is afraid of the dark.",
            "Write a short story about two friends who build a boat and sail to an island."]
+# three more, not used to choose draft.py's STOP_MARGIN or NEAR_TIE_FAILS (--other-stories)
+OTHER_PROMPTS = ["Write a short story about a girl who finds a dragon egg in her garden.",
+                 "Tell a story about an old fisherman and a talking fish.",
+                 "Write a short story about a lighthouse keeper during a storm."]
 
 
 @dataclass(frozen=True)
@@ -444,6 +448,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4, help="stories in a row for the adaptive controller "
                         "(the first a warm-up, as benchmarks/speculative.py --runs 3)")
     parser.add_argument("--table-only", action="store_true", help="no live rows (faster: one draft pass a prompt)")
+    parser.add_argument("--other-stories", action="store_true",
+                        help="replay OTHER_PROMPTS instead (out of sample for the near-tie stop's settings)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -458,7 +464,8 @@ def main() -> None:
     proposer = DraftProposer(engines["drafts"][args.draft_quant], llm.tokenizer, llm.backend.vocab_size,
                              threads=args.threads)
     n, results = args.max_new_tokens, {"prompts": {}}
-    for prompt in PROMPTS[:args.prompts]:
+    prompts = (OTHER_PROMPTS if args.other_stories else PROMPTS)[:args.prompts]
+    for prompt in prompts:
         story = Story(llm, proposer, prompt, n)
         runs, margins = story.runs()
         results["prompts"][prompt] = {"runs": runs, "margins": margins, "profiles": replay(
@@ -471,8 +478,8 @@ def main() -> None:
     for prompt, r in results["prompts"].items():
         print(f"{prompt!r}: run(t), drafts right in a row from each position (of {KMAX}):",
               " ".join(map(str, r["runs"])))
-    print_table(results["mean"], f"free text, mean over {args.prompts} prompt(s)")
-    if args.prompts > 1:
+    print_table(results["mean"], f"free text, mean over {len(prompts)} prompt(s)")
+    if len(prompts) > 1 and not args.other_stories:
         print_table(results["prompts"][PROMPTS[0]]["profiles"], "the benchmark's story alone")
     for name, tasks in results["cheap"].items():
         for task, rows in tasks.items():
