@@ -69,6 +69,23 @@ def test_draft_length_follows_where_drafts_fail_not_only_how_often():
     assert successor.expected_tokens(8) < all_or_nothing.expected_tokens(8)
 
 
+def test_draft_length_grows_again_past_a_position_its_drafts_stopped_reaching():
+    """One rejection at the 5th draft must not hold the length at 4-5 while every draft survives: steps of 5 never
+    judge the 6th position again, so its failure would outlive the evidence (draft_length.UNSEEN_FAILURES)."""
+    costs = StepCosts(t1=0.04, slope=0.004, draft_token=0.015)
+    control = DraftLength(cap=15, adaptive=True)
+    for _ in range(10):
+        control.observe(15, 15)
+    control.observe(15, 5)  # rejected at the 6th draft, then at the 5th
+    control.observe(5, 4)
+    lengths = []
+    for _ in range(8):
+        lengths.append(control.choose(costs, 15))
+        control.observe(lengths[-1], lengths[-1])  # from now on every draft survives
+    assert lengths[0] <= 5 < lengths[1] < lengths[2]  # it tries past the 5th at once, and keeps growing
+    assert lengths.index(15) <= 5
+
+
 def test_adaptive_batched_verify_with_riders_keeps_greedy_tokens(tiny_engine):
     """Four greedy requests at once, adaptive ngram: rows without drafts take their token from the verify step
     (riders), and the batch's drafts are cut to one common width; tokens and logprobs equal plain greedy."""

@@ -35,9 +35,10 @@ def speculative_generator(config: SpeculativeConfig, backend: Backend, tokenizer
 
         proposer: Proposer = NgramProposer(config.ngram_max, config.ngram_min)
     else:
-        from engine_builder.runner.speculative.draft import DraftProposer
+        from engine_builder.runner.speculative.draft import STOP_MARGIN, DraftProposer
 
+        # the near-tie stop belongs to the adaptive length: a fixed --num-draft-tokens drafts that many
         proposer = DraftProposer(config.draft_engine, tokenizer, backend.vocab_size, config.draft_backend,
-                                 threads=threads, seed=seed)
+                                 threads=threads, seed=seed, stop_margin=STOP_MARGIN if config.adaptive else None)
     return SpeculativeGenerator(backend, tokenizer, eos_token_ids, sampler, prefix_cache, config=config,
                                 proposer=proposer, seed=seed)

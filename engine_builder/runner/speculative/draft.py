@@ -13,7 +13,17 @@ differs, as the target's prefix cache spares the target. Without it the draft re
 of a 1.4 s story at k=4 (5 %, benchmarks/speculative.py --parts breakdown). A parked slot is freed when a
 request needs a slot and none is free.
 
-Greedy requests draft the draft's argmax (a one-hot q). Sampled requests draft from the draft's own
+Greedy requests draft the draft's argmax (a one-hot q). With stop_margin (the adaptive draft length's
+default) a proposal ends at a token whose two best logits lie within stop_margin of each other: a quantized
+build of the target diverges from it where the target's choice is a near tie that rounding flips. SmolLM2's
+int4 draft over four stories (benchmarks/spec_replay.py): of 380 first drafts 11 were wrong, 10 of those were
+near ties (margin < 0.2), and so were 33 right ones: a near tie fails 23 % of the time, any draft 3 %. Ending
+the proposal there (the near tie still drafted: its logits are paid for) spares the doomed tail; simulated,
+that gave the adaptive length +3-7 %. The proposer checks that rule as it goes: it keeps decayed counts of how
+often its near-tie drafts survived verification (seen at the next proposal, from the context), and stops at
+near ties only while at least NEAR_TIE_FAILS of them fail, so a draft that is the target itself, or one whose
+near ties are right anyway, drafts on.
+Sampled requests draft from the draft's own
 temperature / top-k / top-p / min-p distribution (penalties left out: they only change how often
 drafts survive, never the output distribution) and report it as q for the rejection rule.
 """
@@ -35,13 +45,19 @@ from engine_builder.runner.speculative.acceptance import draw, probabilities
 from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal
 from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
 
+STOP_MARGIN = 0.2  # logits: the adaptive draft length's stop_margin (speculative_generator)
+NEAR_TIE_DECAY = 0.9  # weight of the past in the near-tie survival counts
+NEAR_TIE_PRIOR = (0.5, 1.0)  # (survived, judged) before any is seen
+NEAR_TIE_FAILS = 0.15  # stop at near ties while at least this share of them fails
+
 
 class DraftProposer:
     name = "draft"
+    record_margins = False  # keep the margin of every drafted greedy token in self.margins (benchmarks)
     park = True  # keep a finished request's slot for the next request's common prefix (False: free it)
 
     def __init__(self, engine_dir: str | Path, target_tokenizer, target_vocab: int, backend: str = "auto",
-                 threads: int | None = None, seed: int | None = None) -> None:
+                 threads: int | None = None, seed: int | None = None, stop_margin: float | None = None) -> None:
         engine = EngineDir.load(engine_dir)
         tokenizer = engine.load_tokenizer()
         if tokenizer.get_vocab() != target_tokenizer.get_vocab():
@@ -61,7 +77,13 @@ class DraftProposer:
         self._sampler = Sampler()
         self._rng = np.random.default_rng(seed)
         self.seconds = 0.0  # time spent drafting, summed
-        self.timed_tokens = 0  # the draft steps after a proposal's first that self.seconds covers
+        self.timed_tokens = 0  # the single-token draft steps that self.seconds covers
+        self.stop_margin = stop_margin  # None: a greedy proposal drafts the k asked for
+        self.margins: list[float] = []  # the last proposal's top-2 logit margins, with record_margins
+        # near-tie drafts: decayed (survived, judged) counts, and per request the last proposal with near ties,
+        # not yet judged: (its context length, its tokens, the indices of its near ties)
+        self.near_ties = NEAR_TIE_PRIOR
+        self._near: dict[int, tuple[int, tuple[int, ...], list[int]]] = {}
         # a proposal's first draft token comes from its catch-up step (the tokens the last verify step emitted,
         # 1-2 of them: a 2-token step cost 44 ms beside 23 ms for one on the gguf draft), the others from
         # single-token steps: timed apart, so a short draft is not judged by its catch-up alone
@@ -74,6 +96,7 @@ class DraftProposer:
     def _propose(self, request: RequestState, k: int) -> Proposal:
         kv, key = self.backend.kv, id(request)
         context = request.prompt_ids + request.token_ids
+        self._judge_near_ties(key, context)
         slot = kv.slot_of(key)
         if slot is None:
             slot = self._take_slot(request, context)
@@ -110,23 +133,56 @@ class DraftProposer:
             self.catchup_seconds += time.perf_counter() - started
             self.catchups += 1
             started = time.perf_counter()
-        tokens, probs = [], []
+        tokens, probs, steps, near = [], [], 0, []
+        margins = greedy and (self.stop_margin is not None or self.record_margins)
+        stop = self.stop_margin is not None and self.near_ties[0] <= (1 - NEAR_TIE_FAILS) * self.near_ties[1]
+        self.margins = []
         for j in range(k):
+            tie = False
             if greedy:
                 token = int(np.argmax(logits[0]))
+                if margins:
+                    top2 = np.partition(logits[0], -2)[-2:]
+                    self.margins.append(float(top2[1] - top2[0]))
+                    tie = self.stop_margin is not None and self.margins[-1] < self.stop_margin
+                    if tie:
+                        near.append(j)
             else:
                 q = probabilities(self._sampler.process(logits, [state])[0])
                 token = draw(q, rng)
                 probs.append(q)
             tokens.append(token)
+            if tie and stop:
+                # likely where the target goes the other way. This token is drafted still (its logits are paid
+                # for, and a verify step one token wider costs little), the next ones are not
+                break
             if j + 1 < k:
                 logits = self.backend.step(slot, np.asarray([[token]], np.int64))
                 kv.advance(slot, 1)
                 fed.append(token)
+                steps += 1
         if steady:
             self.seconds += time.perf_counter() - started
-            self.timed_tokens += len(tokens) - 1
+            self.timed_tokens += steps
+        if near:
+            self._near[key] = (len(context), tuple(tokens), near)
         return Proposal(tuple(tokens), np.stack(probs) if probs else None)
+
+    def _judge_near_ties(self, key: int, context: list[int]) -> None:
+        """Count the last proposal's near-tie drafts that verification judged: those up to the first rejected
+        draft, which context now tells (kept: the target emitted the same token there)."""
+        last = self._near.pop(key, None)
+        if last is None:
+            return
+        start, tokens, near = last
+        survived, judged = self.near_ties
+        accepted = _common_prefix(list(tokens), context[start:])
+        for i in near:
+            if i > accepted or start + i >= len(context):  # after the first rejected draft: never verified
+                break
+            kept = i < accepted
+            survived, judged = NEAR_TIE_DECAY * survived + kept, NEAR_TIE_DECAY * judged + 1
+        self.near_ties = survived, judged
 
     def _take_slot(self, request: RequestState, context: list[int]) -> int | None:
         """A draft slot for a new request: the parked slot sharing the longest prefix with its context (kept
@@ -167,6 +223,7 @@ class DraftProposer:
         slot = self.backend.kv.slot_of(key)
         fed = self._fed.pop(key, None)
         self._states.pop(key, None)
+        self._near.pop(key, None)
         if slot is None:
             return
         if fed and self.park:  # parked under a key no live request has (negative: id() never is, and it may recur)

@@ -33,6 +33,12 @@ EMA = 0.2
 MATCH_BUCKETS = 4  # match lengths 1, 2, 3 and 4+ keep separate acceptance rates (0: proposals without one)
 MATCH_REACH = 2
 PRIOR_WEIGHT = 2.0  # verify steps' worth of alpha in a position's survival rate
+# what a position's failures keep per verify step that did not reach it, beside DECAY. Without it, one rejection
+# at the 5th draft kept the draft length at 4 for the rest of a story: steps of 4 drafts never judge the 5th
+# position again, its judged and failed counts decay alike, and its survival rate stays where that one rejection
+# left it (benchmarks/spec_replay.py: on free text with the int4 draft, whose rejections are few and scattered,
+# the adaptive length then lost to a fixed k of 7-8)
+UNSEEN_FAILURES = 0.5
 
 
 @dataclass
@@ -167,4 +173,5 @@ class DraftLength:
         first_rejected = accepted if accepted < drafted else None  # its index
         for j in range(len(judged)):
             judged[j] = DECAY * judged[j] + (1 if j < reach else 0)
-            failed[j] = DECAY * failed[j] + (1 if j == first_rejected else 0)
+            kept = DECAY if j < reach else DECAY * UNSEEN_FAILURES  # past this step's reach: see UNSEEN_FAILURES
+            failed[j] = kept * failed[j] + (1 if j == first_rejected else 0)
