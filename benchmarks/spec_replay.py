@@ -35,6 +35,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine_builder.runner.speculative.draft import _common_prefix  # noqa: E402  (how many drafts agree)
+
 KMAX = 15
 # free text: the benchmark's story (benchmarks/speculative.py STORY_TASK) first, then others of its kind, so that a
 # policy is not judged by where the few rejections of one story happen to fall
@@ -142,7 +144,7 @@ class Story:
         for t in range(1, self.max_new_tokens):
             request.token_ids = self.tokens[:t]
             drafts = self.proposer.propose(request, KMAX).tokens
-            out.append(_agree(drafts, self.tokens[t:]))
+            out.append(_common_prefix(list(drafts), self.tokens[t:]))
             margins.append([round(m, 4) for m in self.proposer.margins])
         self.proposer.stop_margin, self.proposer.record_margins = stop, False
         self.proposer.release(request)
@@ -157,21 +159,12 @@ class Story:
             request.token_ids = self.tokens[:t]
             self.proposer.stop_margin = stop_margin
             drafts = self.proposer.propose(request, k).tokens
-            return len(drafts), _agree(drafts, self.tokens[t:])
+            return len(drafts), _common_prefix(list(drafts), self.tokens[t:])
 
         def done() -> None:
             self.proposer.release(request)
 
         return draft, done
-
-
-def _agree(drafts, truth) -> int:
-    n = 0
-    for d, t in zip(drafts, truth):
-        if d != t:
-            break
-        n += 1
-    return n
 
 
 def simulate(choose, observe, draft, profile: Profile, n: int, costs=None) -> Run:
@@ -389,7 +382,7 @@ def cheap_task(context0: list[int], tokens: list[int], proposer, profile: Profil
                 run.plain_steps += 1
                 t += 1
                 continue
-            accepted = _agree(drafts, tokens[t:])
+            accepted = _common_prefix(list(drafts), tokens[t:])
             seconds = profile.verify_ms(len(drafts) + 1) + profile.python_spec
             run.ms += seconds
             costs.observe_proposal(len(drafts), 1e-5 * len(drafts))  # the generator times the lookup: microseconds
