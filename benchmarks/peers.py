@@ -48,6 +48,8 @@ sys.path.append(str(HERE))  # after the repo root: benchmarks/passes.py would sh
 
 from peers_build import DEFAULT_SYSTEMS, SYSTEMS, artifact, weight_bytes  # noqa: E402
 
+from engine_builder.cli.huge_pages import decoding_environment  # noqa: E402
+
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -68,9 +70,11 @@ class Worker:
         argv = [sys.executable, str(HERE / "peers_worker.py"), s.kind, str(path), "--threads", str(threads),
                 "--context", str(context), "--warmup", json.dumps(warmup)] + (["--logits-all"] if logits_all else [])
         self.name = name
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                         filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))})
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+        if s.kind == "ours":  # as `trtbuild run` starts: onnxruntime's weights in huge pages (cli/huge_pages.py)
+            env = decoding_environment(env)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
         ready = self.proc.stdout.readline()
         if not ready:
             raise SystemExit(f"{name}: its worker exited while loading (its stderr is above)")

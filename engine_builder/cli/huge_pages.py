@@ -38,16 +38,21 @@ def _is_the_command(argv: list[str]) -> bool:
     return module == ["engine_builder.cli"] or os.path.basename(argv[0] if argv else "") == "trtbuild"
 
 
+def decoding_environment(environ: dict[str, str]) -> dict[str, str]:
+    """ENVIRON as a decoding command runs with: the tunable added, unless TRTBUILD_HUGE_PAGES=off, a GLIBC_TUNABLES
+    already there, or a C library without it (benchmarks/peers.py starts its workers of ours with it too)."""
+    if "GLIBC_TUNABLES" in environ or environ.get("TRTBUILD_HUGE_PAGES", "").lower() in ("0", "off", "false"):
+        return environ
+    return {**environ, "GLIBC_TUNABLES": TUNABLE} if _glibc_has_hugetlb() else environ
+
+
 def restart_with_huge_pages(argv: list[str] | None = None) -> None:
     """Replace this process by the same `trtbuild` command with GLIBC_TUNABLES set, when it is a decoding
     command and nothing says otherwise; returns (doing nothing) in every other case."""
     argv = sys.argv if argv is None else argv
-    if not _is_the_command(argv):
-        return
-    if "GLIBC_TUNABLES" in os.environ or os.environ.get("TRTBUILD_HUGE_PAGES", "").lower() in ("0", "off", "false"):
-        return
     command = next((a for a in argv[1:] if not a.startswith("-")), None)  # after global options (-v, --debug)
-    if command not in COMMANDS or not _glibc_has_hugetlb():
+    if command not in COMMANDS or not _is_the_command(argv):
         return
-    os.execve(sys.executable, [sys.executable, "-m", "engine_builder.cli", *argv[1:]],
-              {**os.environ, "GLIBC_TUNABLES": TUNABLE})
+    environ = decoding_environment(dict(os.environ))
+    if environ.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):
+        os.execve(sys.executable, [sys.executable, "-m", "engine_builder.cli", *argv[1:]], environ)
