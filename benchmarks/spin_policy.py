@@ -23,11 +23,13 @@ def same_spinning(threads: int | None, take_turns: bool = True) -> Iterator[str]
     from engine_builder.util.cpu_cores import physical_cores
 
     before = os.environ.get(ENV)
-    if before is None:
-        os.environ[ENV] = "on" if allow_spinning(threads or physical_cores())[0] else "off"
-    try:
-        with sessions_take_turns(take_turns):
-            yield os.environ[ENV]
-    finally:
+    # decided inside: a decision for sessions that take turns is not counted as this process's spinning threads,
+    # so a second same_spinning in one process (speculative.py's parts) decides as the first did
+    with sessions_take_turns(take_turns):
         if before is None:
-            del os.environ[ENV]
+            os.environ[ENV] = "on" if allow_spinning(threads or physical_cores())[0] else "off"
+        try:
+            yield os.environ[ENV]
+        finally:
+            if before is None:
+                del os.environ[ENV]

@@ -8,8 +8,9 @@ cores, onnxruntime 1.30, Xeon): quiet 4.77 ms spinning vs 5.33 ms not; beside 2 
 ~9) the bundled SmolLM2 `--quant gguf` engine decoded 11.0 tok/s spinning and 31.1 not (median
 of 5 alternating runs). So `auto` spins only when the cores the threads need are idle, read when the
 session opens: by what other processes used of this process's CPUs since the process started or its
-previous session opened (runner/cpu_busy.py; a window under 0.1 s is waited out, within 0.25 core of idle
-counts as idle), or by the 1-minute load average where that window is over a minute. The load average
+previous session opened (runner/cpu_busy.py; a window under 0.1 s is waited out, one over a minute is
+replaced by a fresh 0.1 s one, within 0.25 core of idle counts as idle), or by the 1-minute load average
+where /proc/stat cannot tell. The load average
 alone lagged and counted our own work: benchmarks/peers.py opened
 our int4 twin without spinning (load average 1.4 on 2 CPUs, its own streaming-read test just before)
 and measured 135.6 tok/s against onnxruntime-genai's 192.7 with nothing else running (issue 22).
@@ -37,9 +38,11 @@ from engine_builder.util.errors import InputError
 
 ENV = "TRTBUILD_ORT_SPINNING"
 
-# Intra-op threads of this process's sessions that were let spin by a measured decision: what others_busy
-# leaves out as our own, although they take cores whenever they spin (a draft and a target session, a server
-# that reloads). Never decreased (a session's end is not seen here): the error is not spinning.
+# Intra-op threads of this process's sessions that were let spin by a measured decision and keep spinning after
+# their Runs: what others_busy leaves out as our own, although they take cores whenever they spin (a server that
+# reloads). Sessions that take turns are left out: theirs spin only inside their own Run, so a target and its
+# draft both spin (2-core machine, int4 draft step 8.8 ms spinning vs 10-11 not). Never decreased (a session's end
+# is not seen here): the error is not spinning.
 _spinning_in_process = 0
 MEASURED_SLACK = 0.25  # cores
 
@@ -68,7 +71,7 @@ def allow_spinning(threads: int, load_average: float | None = None, cpus: int | 
     # a measured window sees the kernel's own threads and the counters' 1/100 s steps: a quiet 2-CPU machine
     # reads 0.0-0.1 busy, which must not cost the spinning it measured for
     if idle >= threads - (MEASURED_SLACK if measured is not None else 0.0):
-        if measured is not None:
+        if measured is not None and not stop_spinning_after_run():
             _spinning_in_process += threads
         return True, f"{idle:.1f} of {cpus} CPUs idle by the {source}: enough for {threads} spinning threads"
     return False, f"{source} {load:.1f} on {cpus} CPUs leaves fewer than {threads} idle: spinning would " \

@@ -107,3 +107,36 @@ def test_a_second_session_counts_the_first_ones_spinning_threads(monkeypatch):
     time.sleep(0.25)
     spin, why = allow_spinning(40, cpus=64)
     assert not spin and "plus 40 spinning threads" in why, why
+
+
+def test_sessions_that_take_turns_both_spin(monkeypatch):
+    """A speculative target and its draft stop spinning when their Run returns (sessions_take_turns), so
+    neither takes the other's cores: the second is decided as the first was, and a later session that keeps
+    spinning after its Runs does not count them."""
+    import time
+
+    from engine_builder.runner import ort_spinning
+    from engine_builder.runner.cpu_busy import others_busy_now
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(ort_spinning, "_spinning_in_process", 0)
+    others_busy_now()
+    with sessions_take_turns():
+        for _ in range(2):
+            time.sleep(0.25)  # a window long enough to be measured
+            spin, why = allow_spinning(40, cpus=64)
+            assert spin and "plus" not in why, why
+    time.sleep(0.25)
+    spin, why = allow_spinning(40, cpus=64)
+    assert spin and "plus" not in why, why
+
+
+def test_a_window_over_a_minute_is_measured_afresh(monkeypatch):
+    """A session opened minutes after the previous one gets a fresh 0.1 s window, not the load average (which
+    counts this process's own work of the last minute)."""
+    from engine_builder.runner import cpu_busy
+
+    stale = cpu_busy.sample()
+    monkeypatch.setattr(cpu_busy, "_last", cpu_busy.CpuSample(stale.wall - 600.0, 0, 0, stale.cpus))
+    measured = cpu_busy.others_busy_now()
+    assert measured is not None and cpu_busy.MIN_WINDOW_S <= measured[1] < 1.0, measured
