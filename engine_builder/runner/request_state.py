@@ -76,6 +76,12 @@ class StepClock:
         self.decode_tokens += tokens
         self.decode_steps += 1
 
+    def proposing(self, seconds: float, execute_seconds: float) -> None:
+        """Time a speculative step spent proposing (a draft model's engine calls: EXECUTE_SECONDS of them) before
+        its verify step: decode time that emits no token itself."""
+        self.decode += seconds
+        self.execute += execute_seconds
+
     def timings(self) -> Timings:
         tok_s = self.decode_tokens / self.decode if self.decode > 0 else 0.0
         share = (self.decode - self.execute) / self.decode if self.decode > 0 else 0.0

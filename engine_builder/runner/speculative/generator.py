@@ -78,6 +78,9 @@ class SpeculativeGenerator(Generator):
         self.costs = costs
         plain: dict[int, RequestState] = {}
         drafted: dict[int, tuple[RequestState, DraftLength, Proposal]] = {}
+        draft_backend = getattr(self.proposer, "backend", None)  # a draft model's: its engine time is engine time
+        started = time.perf_counter()
+        execute_before = draft_backend.execute_seconds if draft_backend is not None else 0.0
         for slot in sorted(active):
             r = active[slot]
             control = self._lengths.get(id(r))
@@ -89,6 +92,9 @@ class SpeculativeGenerator(Generator):
                 plain[slot] = r
                 continue
             drafted[slot] = (r, control, proposal)
+        if clock is not None:  # decode tok/s counts the drafting, not just the verify steps
+            clock.proposing(time.perf_counter() - started,
+                            draft_backend.execute_seconds - execute_before if draft_backend is not None else 0.0)
         riders = {slot: (r, self._lengths[id(r)], NO_PROPOSAL) for slot, r in plain.items() if r.params.greedy}
         if drafted and riders and self._fits_together({**drafted, **riders}):
             # greedy requests without drafts take their token from the verify step's first position rather than
