@@ -45,10 +45,14 @@ SYSTEMS = {
     # llama.cpp's own arithmetic: it multiplies Q4_1 blocks by activations quantized to Q8_1 and its Q8_0 head by
     # Q8_0 activations; here the same blocks at onnxruntime's int8 activations (`build --twin-accuracy draft`)
     "ours-gguf-int8act": System("ours --quant gguf --lm-head int8, int8 activations", "ours", "gguf_lm8", True),
+    # exact again: the Q8_0 head in its own blocks at float activations, as two 4-bit MatMulNBits
+    # (passes/lower_ort_matmulnbits.py), where `ours-gguf` reads it dequantized to float32 (113 of its 193 MB a token)
+    "ours-gguf-exact-head": System("ours --quant gguf --lm-head int8, --twin-accuracy exact", "ours",
+                                   "gguf_lm8_exact", True),
 }
-TWIN_ACCURACY = {"gguf_lm8": "draft"}  # variant -> `build --twin-accuracy` (the rest: auto)
+TWIN_ACCURACY = {"gguf_lm8": "draft", "gguf_lm8_exact": "exact"}  # variant -> `build --twin-accuracy` (else auto)
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in ("transformers", "ours-int4wo", "ours-int4wo-same",
-                                                  "ours-gguf-int8act")]
+                                                  "ours-gguf-int8act", "ours-gguf-exact-head")]
 
 
 def hf_dequantized(work: Path) -> Path:

@@ -24,13 +24,14 @@ VARIANTS: dict[str, tuple[str, int | None, str]] = {
     "int4_awq_kv8": ("int4_awq", 64, "int8"),
     "gguf": ("gguf", None, "none"),  # the GGUF's own Q4_1 blocks, nothing re-quantized
     "gguf_lm8": ("gguf", None, "none"),  # the same with the tied Q8_0 head int8 in its own blocks of 32
+    "gguf_lm8_exact": ("gguf", None, "none"),  # the same checkpoint, built `--twin-accuracy exact` (peers_build.py)
     "int4_awq_g32_lm8": ("int4_awq", 32, "none"),  # --lm-head int8 (the default)
     "int4_awq_g32_lm4": ("int4_awq", 32, "none"),  # --lm-head same: int4 in groups of 32
     "int4_wo_g32_lm8": ("int4_wo", 32, "none"),
     "int4_wo_g32_lm4": ("int4_wo", 32, "none"),
 }
 LM_HEAD = {"int4_awq_g32_lm8": "int8", "int4_awq_g32_lm4": "same", "int4_wo_g32_lm8": "int8",
-           "int4_wo_g32_lm4": "same", "gguf_lm8": "int8"}  # the rest: float
+           "int4_wo_g32_lm4": "same", "gguf_lm8": "int8", "gguf_lm8_exact": "int8"}  # the rest: float
 
 
 def checkpoint(work: Path, variant: str) -> Path:

@@ -17,7 +17,8 @@ Why (onnxruntime 1.31.1 CPU, [1, 576] x [576, 1536], 1 thread): onnxruntime does
 form itself (the Transpose sits between DQ and MatMul: it dequantizes every run, 4.5 ms vs 0.37 ms
 for fp32); it fuses the int8 form into MatMulNBits on its own, but at the session's accuracy level.
 accuracy_level (the pass's class attribute) is MatMulNBits' compute type: 0 keeps activations in float
-(int4: 0.34 ms, as fast as fp32 and exact; int8: 3.1-3.9 ms, ten times slower than fp32), 4
+(int4: 0.34 ms, as fast as fp32 and exact; int8: 3.1-3.9 ms, ten times slower than fp32, so a float32 int8
+linear at level 0 is emitted as two 4-bit MatMulNBits over its high and low nibbles instead, exact), 4
 quantizes activations to int8 per block (int4 0.09-0.14 ms, int8 0.04-0.09 ms; ~0.5% error per
 matmul). On SmolLM2-135M (float32, batch-1 decode, 2 threads): fp32 46 tok/s; int8_wo 113 at level 4,
 5 at level 0; int4 group 64 175 at level 4, 106 at level 0. Level 4 doubles int8_wo's KL from fp32
@@ -146,13 +147,15 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
                 b = _lazy(f"{name}.B", ir.DataType.UINT8, shape, lambda: (stored_bytes(stored) ^ 0x88).reshape(shape))
             else:
                 b = _view(stored, f"{name}.B", shape)
+        def scale_array() -> np.ndarray:  # [N, K / block] in the activations' type
+            read = _read_float(source, source_dtype, dtype)
+            return np.repeat(read.reshape(n, 1), k // block, axis=1) if per_channel else read.reshape(n, k // block)
+
         if per_channel:  # the row's scale repeated per block
-            scales = _lazy(f"{name}.scales", dtype, (n, k // block), lambda: np.repeat(
-                _read_float(source, source_dtype, dtype).reshape(n, 1), k // block, axis=1))
+            scales = _lazy(f"{name}.scales", dtype, (n, k // block), scale_array)
         else:
             scales = (source if source_dtype == dtype and source.shape == (n, k // block) else
-                      _lazy(f"{name}.scales", dtype, (n, k // block),
-                            lambda: _read_float(source, source_dtype, dtype).reshape(n, k // block)))
+                      _lazy(f"{name}.scales", dtype, (n, k // block), scale_array))
         inputs = [x, op.initializer(b, b.name), op.initializer(scales, scales.name) if scales is not source else scale]
         if stored.dtype == ir.DataType.UINT4:
             zero: ir.ExternalTensor = dq.inputs[2].const_value  # packed per row, as MatMulNBits wants
@@ -161,8 +164,37 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
         # see the module docstring for both exceptions
         offsets = w.graph is not None and w.name.removesuffix(".weight") + ".weight_offset" in w.graph.initializers
         level = self.accuracy_level if dtype == ir.DataType.FLOAT and (self.offsets_too or not offsets) else 0
+        if bits == 8 and level == 0 and dtype == ir.DataType.FLOAT:
+            return _nibble_pair(op, x, stored, inputs[2], scale_array, n, k, block, name)
         return op.MatMulNBits(*inputs, _domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block,
                               accuracy_level=level)
+
+
+def _nibble_pair(op, x: ir.Value, stored: ir.ExternalTensor, scale_input: ir.Value,
+                 scale_array: Callable[[], np.ndarray], n: int, k: int, block: int, name: str) -> ir.Value:
+    """An int8 linear at float activations as two 4-bit MatMulNBits at level 0, exactly: with u = q + 128 =
+    16 h + l (nibbles h, l), d q = 16 d (h - 8) + d l. onnxruntime's 8-bit kernel at level 0 dequantizes the
+    whole matrix every call (SmolLM2's [576, 49152] head: 120-208 ms), its 4-bit one does not: the pair takes
+    2.3 ms where the float32 head takes 4.0 (2 threads, quiet 2-core EPYC; benchmarks/int8_exact_head.py)."""
+    blocks, shape = k // block, (n, k // block, block // 2)
+
+    def nibbles(shift: int) -> np.ndarray:
+        v = (((stored_bytes(stored) ^ 0x80) >> shift) & 15).reshape(n, blocks, block // 2, 2)
+        return (v[..., 0] | (v[..., 1] << 4)).astype(np.uint8)
+
+    def zero_points(z: int) -> ir.LazyTensor:  # one nibble per block, packed per row
+        return _lazy(f"{name}.zero_points{z}", ir.DataType.UINT8, (n, (blocks + 1) // 2),
+                     lambda: np.full((n, (blocks + 1) // 2), z * 0x11, np.uint8))
+
+    high, low = (_lazy(f"{name}.B_{part}", ir.DataType.UINT8, shape, lambda s=shift: nibbles(s))
+                 for part, shift in (("high", 4), ("low", 0)))
+    scales16 = _lazy(f"{name}.scales16", ir.DataType.FLOAT, (n, blocks),
+                     lambda: scale_array() * np.float32(16))
+    outs = [op.MatMulNBits(x, op.initializer(b, b.name), scale, op.initializer(z, z.name), _domain=MS_DOMAIN, K=k,
+                           N=n, bits=4, block_size=block, accuracy_level=0)
+            for b, scale, z in ((high, op.initializer(scales16, scales16.name), zero_points(8)),
+                                (low, scale_input, zero_points(0)))]
+    return op.Add(*outs)
 
 
 def _read_float(stored: ir.ExternalTensor, stored_dtype: ir.DataType, dtype: ir.DataType) -> np.ndarray:

@@ -141,6 +141,29 @@ def test_gguf_blocks_are_the_fp32_model(gguf_engine, smollm2_engine):
     assert abs(result.ppl / result.reference_ppl - 1) < 1e-5, result
 
 
+def test_gguf_with_its_own_int8_head_is_the_fp32_model(smollm2_gguf, smollm2_engine, tmp_path):
+    """`convert --quant gguf --lm-head int8` + `build --twin-accuracy exact`: the Q8_0 head in its own blocks at
+    float activations, as two 4-bit MatMulNBits (passes/lower_ort_matmulnbits.py), still the fp32 model, and no
+    8-bit MatMulNBits left (at level 0 onnxruntime dequantizes those every call: 120-208 ms for this head)."""
+    import onnx
+
+    from engine_builder.formats.build_config import DEFAULT_PASSES
+    from engine_builder.formats.twin_accuracy import with_twin_accuracy
+
+    convert(smollm2_gguf, tmp_path / "ckpt", quant="gguf", lm_head="int8")
+    engine = build_engine(tmp_path / "ckpt", tmp_path / "engine",
+                          ort_passes=with_twin_accuracy(DEFAULT_PASSES["onnxruntime"], "exact"))
+    graph = onnx.load(engine / "model.onnx", load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    bits = [next(a.i for a in n.attribute if a.name == "bits") for n in nbits]
+    levels = {next(a.i for a in n.attribute if a.name == "accuracy_level") for n in nbits}
+    assert bits.count(8) == 0 and bits.count(4) == 30 * 4 + 2 and levels == {0}, (bits, levels)
+    result = evaluate(engine, reference=smollm2_engine, max_tokens=EVAL_TOKENS, context=CONTEXT, backend="onnxruntime")
+    print(json.dumps({"gguf_int8_head_exact": result.to_json()}))
+    assert result.kl <= GGUF_MAX_KL and result.top1_agreement == 1.0, result
+    assert abs(result.ppl / result.reference_ppl - 1) < 1e-5, result
+
+
 def test_gguf_blocks_answer_the_chat_question(gguf_engine):
     """What eval's windows of plain text did not show at accuracy level 4: the chat prompt went wrong."""
     with LLM(gguf_engine, backend="onnxruntime") as llm:
