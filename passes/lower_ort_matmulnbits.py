@@ -147,6 +147,7 @@ class DequantizedMatMul(pattern.RewriteRuleClassBase):
                 b = _lazy(f"{name}.B", ir.DataType.UINT8, shape, lambda: (stored_bytes(stored) ^ 0x88).reshape(shape))
             else:
                 b = _view(stored, f"{name}.B", shape)
+
         def scale_array() -> np.ndarray:  # [N, K / block] in the activations' type
             read = _read_float(source, source_dtype, dtype)
             return np.repeat(read.reshape(n, 1), k // block, axis=1) if per_channel else read.reshape(n, k // block)
