@@ -90,7 +90,10 @@ def main() -> None:
                                                            dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.padding_side = "left"
-    llms = {g: LLM(d, backend="onnxruntime", threads=threads) for g, d in dirs.items()}
+    from spin_policy import same_spinning
+
+    with same_spinning(threads):  # every engine's session alike (else only the first opened spins), taking turns
+        llms = {g: LLM(d, backend="onnxruntime", threads=threads) for g, d in dirs.items()}
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
 
     def ours(llm: LLM, prompts: list[str]) -> tuple[float, float, float]:

@@ -75,7 +75,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trtbuild-bench-prefix-") as tmp:
         work = args.work or Path(tmp)
         engine = build_engine(work, max_input_len=args.system_tokens + 128)
-        plain, cached = LLM(engine, prefix_cache=False), LLM(engine, prefix_cache=True)
+        from spin_policy import same_spinning
+
+        with same_spinning(None):  # both sessions alike (else only the first opened spins), taking turns
+            plain, cached = LLM(engine, prefix_cache=False), LLM(engine, prefix_cache=True)
         times: dict[str, list[float]] = {"plain_cold": [], "plain_warm": [], "cached_cold": [], "cached_warm": []}
         for run, system in enumerate(system_prompts(plain.tokenizer, args.system_tokens, args.runs)):
             for name, llm in (("plain", plain), ("cached", cached)):

@@ -63,13 +63,16 @@ def run_executor(llm, prompts: list[list[int]], max_new_tokens: int) -> list[tup
 
 
 def serve_part(engine: Path, runs: int, requests: int, max_new_tokens: int, threads: int | None) -> dict:
+    from spin_policy import same_spinning
+
     from engine_builder import LLM
     from engine_builder.runner.speculative import SpeculativeConfig
 
-    plain = LLM(engine, threads=threads)
-    row = LLM(engine, threads=threads, speculative=SpeculativeConfig("ngram"))
+    with same_spinning(threads):  # the three sessions alike (else only the first opened spins), taking turns
+        plain = LLM(engine, threads=threads)
+        row = LLM(engine, threads=threads, speculative=SpeculativeConfig("ngram"))
+        batched = LLM(engine, threads=threads, speculative=SpeculativeConfig("ngram"))
     row.generator._fits_together = lambda drafted: False  # the previous behaviour: one engine step per request
-    batched = LLM(engine, threads=threads, speculative=SpeculativeConfig("ngram"))
     prompts = [plain.encode_chat([{"role": "user", "content": "Repeat this paragraph exactly, word for word:\n\n"
                                                               + PARAGRAPHS[i % len(PARAGRAPHS)]}])
                for i in range(requests)]
