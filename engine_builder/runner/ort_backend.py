@@ -78,15 +78,16 @@ def session_options(dtype: str, threads: int | None = None,
 def load_session(engine: EngineDir, threads: int | None = None,
                  optimization_level: ort.GraphOptimizationLevel | None = None) -> ort.InferenceSession:
     """The twin's session: the build's prepacked graph where this CPU and onnxruntime can use it (weights
-    packed at build: formats/ort_prepacked.py), else model.onnx (and always when a level is asked for)."""
+    packed at build: formats/ort_prepacked.py), else model.onnx (and always when a level is asked for). One set
+    of options, so one spinning decision, whichever graph opens: a prepacked graph packed on another CPU, opened
+    and dropped, used to count its threads as spinning and leave model.onnx's without (runner/ort_spinning.py)."""
+    options = session_options(engine.twin_dtype, threads, optimization_level)
     if optimization_level is None:
-        session = _prepacked_session(engine, threads)
+        session = _prepacked_session(engine, options)
         if session is not None:
             return session
     try:
-        return ort.InferenceSession(str(engine.onnx_path),
-                                    session_options(engine.twin_dtype, threads, optimization_level),
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(engine.onnx_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented types
         dtype = engine.twin_dtype
         fix = ("rebuild the engine dir with this trtbuild" if dtype == "float32" else
@@ -95,17 +96,20 @@ def load_session(engine: EngineDir, threads: int | None = None,
                                f"{str(exc).splitlines()[0]}; {fix}") from None
 
 
-def _prepacked_session(engine: EngineDir, threads: int | None) -> ort.InferenceSession | None:
+def _prepacked_session(engine: EngineDir, options: ort.SessionOptions) -> ort.InferenceSession | None:
     graph = engine.path / PREPACKED_MODEL
     if not graph.is_file():
         return None
-    try:  # already optimized at the level a load would use: optimizing again would only cost time
-        session = ort.InferenceSession(str(graph), session_options(engine.twin_dtype, threads,
-                                                                   ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
-                                       providers=["CPUExecutionProvider"])
+    level = options.graph_optimization_level
+    # already optimized at the level a load would use: optimizing again would only cost time
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001 (onnxruntime's own types): model.onnx is the twin; this is a shortcut
-        return None
-    made_for = session.get_modelmeta().custom_metadata_map.get(META_PREPACKED_FOR)
+        session = None
+    finally:
+        options.graph_optimization_level = level  # for model.onnx, if this one is not used
+    made_for = session.get_modelmeta().custom_metadata_map.get(META_PREPACKED_FOR) if session is not None else None
     # packed for another CPU or onnxruntime: unused before any run, model.onnx is loaded instead
     return session if made_for is not None and made_for == cpu_signature() else None
 

@@ -177,6 +177,20 @@ def test_session_uses_physical_cores_and_the_level_for_its_dtype(tiny_engine, mo
     assert backend.session.get_session_options().graph_optimization_level == OPTIMIZATION_LEVELS["float32"]
 
 
+def test_one_spinning_decision_whichever_graph_opens(tiny_engine, monkeypatch):
+    """A prepacked graph packed on another CPU is opened, then dropped for model.onnx: both under one decision, so
+    the dropped one's threads are not counted as spinning against model.onnx's (on 2 CPUs they were, and an
+    engine built elsewhere decoded without spinning)."""
+    engine, _ = tiny_engine("llama")
+    decisions = []
+    real = ort_backend.allow_spinning
+    monkeypatch.setattr(ort_backend, "allow_spinning", lambda *a, **k: decisions.append(a) or real(*a, **k))
+    monkeypatch.setattr(ort_backend, "cpu_signature", lambda: "onnxruntime 0.0; another cpu")
+    backend = OrtBackend(EngineDir.load(engine))
+    assert META_PREPACKED_FOR not in backend.session.get_modelmeta().custom_metadata_map
+    assert len(decisions) == 1, decisions
+
+
 def test_the_prepacked_twin_gives_the_logits_of_model_onnx(tiny_engine):
     """model.prepacked.onnx (written by the build for float32 twins) steps exactly as model.onnx does."""
     engine, _ = tiny_engine("llama")
