@@ -122,10 +122,7 @@ class Story:
         # later request takes the parked slot over, rewinds to the prompt and feeds the first token alone. An
         # earlier prompt's parked slot is freed first, so that this prompt is fed whole as in the benchmark (taken
         # over, it would lend its common prefix, the chat template; the replay gave the same figures either way)
-        kv = proposer.backend.kv
-        for parked in list(proposer._parked):
-            proposer.backend.release(kv.slot_of(parked))
-            del proposer._parked[parked]
+        proposer.forget_parked()
         warm = self._request([self.tokens[0]])
         self.proposer.propose(warm, 1)
         self.proposer.release(warm)

@@ -43,6 +43,12 @@ def test_a_parked_draft_slot_serves_the_next_request_with_its_prefix(tiny_engine
         stats = llm.generator.stats
         assert stats.acceptance_rate == 1.0, (prompt, stats.to_json())  # drafting for itself off the reused cache
     assert draft.kv.num_free + len(proposer._parked) == draft.kv.batch_slots
+    proposer.forget_parked()  # every slot free again: A is fed whole
+    assert not proposer._parked and draft.kv.num_free == draft.kv.batch_slots
+    fed.clear()
+    assert llm.generate(prompt_token_ids=[A], params=GREEDY)[0].token_ids == plain.generate(
+        prompt_token_ids=[A], params=GREEDY)[0].token_ids
+    assert fed[0] == len(A) + 1, fed[:3]
 
 
 def test_parking_off_frees_the_slot(tiny_engine):

@@ -201,9 +201,7 @@ class DraftProposer:
             self._fed[key] = tokens
             return slot
         if not kv.num_free and self._parked:  # the oldest parked slot makes room
-            parked = next(iter(self._parked))
-            del self._parked[parked]
-            self.backend.release(kv.slot_of(parked))
+            self._free_parked(next(iter(self._parked)))
         if not kv.num_free:
             return None
         new_tokens = request.params.max_new_tokens
@@ -232,6 +230,15 @@ class DraftProposer:
             self._parked[self._parked_keys] = fed
         else:
             self.backend.release(slot)
+
+    def forget_parked(self) -> None:
+        """Free every parked slot: the next request is fed its whole context (benchmarks/spec_replay.py)."""
+        for parked in list(self._parked):
+            self._free_parked(parked)
+
+    def _free_parked(self, parked: int) -> None:
+        del self._parked[parked]
+        self.backend.release(self.backend.kv.slot_of(parked))
 
     def close(self) -> None:
         self.backend.close()
