@@ -1,7 +1,16 @@
 """What the generation loop needs from an inference engine, and how one is chosen.
 
-A backend owns the static KV cache (one KVCacheManager: slot = batch row, length = the graph's
-past_lengths entry) and runs one decoder step over a contiguous range of slots:
+A backend owns the KV cache (a KVCacheManager: slot = sequence, length = positions it holds) and runs one
+engine call per step over a flat batch of tokens:
+
+    forward(batch)                a ModelInput (runner/core/model_input.py): every sequence's new tokens, their
+                                  positions and slots, and which tokens' logits come back; the logits
+                                  [num_logits, vocab] float32 in the backend's own array type (numpy here, a
+                                  device tensor for runner/torch_backend/). The one place a step runs an engine.
+    step(first_slot, input_ids)   forward over rows first_slot.. [rows, seq], each row's last logits as numpy:
+                                  for callers that read logits on the host (beams, verify, eval)
+
+A slot engine (a static graph over a contiguous slot range) implements forward through its own three calls:
 
     bind(first_slot, input_ids)   input_ids [rows, seq] int64 for slots first_slot..first_slot+rows-1,
                                   each written at its current length (position_ids = length + t)
@@ -24,12 +33,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from engine_builder.runner.core.model_input import ModelInput, SlotRows
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.sampler import Sampler
 
 KVUpdate = Literal["in_place", "copy"]
 
@@ -51,15 +62,45 @@ class Backend(ABC):
         """Can this backend run ENGINE here, and why (or why not)? Decided before anything is loaded."""
 
     @classmethod
+    def usable_when_asked(cls, engine: EngineDir) -> tuple[bool, str]:
+        """usable(), for `--backend NAME` (a backend `auto` passes over here may still run when named)."""
+        return cls.usable(engine)
+
+    @classmethod
     @abstractmethod
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> Backend:
         """The backend, loaded. threads: CPU threads where the backend computes on the CPU."""
 
-    def step(self, first_slot: int, input_ids: np.ndarray) -> np.ndarray:
-        """bind + execute + read_logits: logits [rows, vocab] float32."""
-        self.bind(first_slot, input_ids)
+    def forward(self, batch: ModelInput) -> Any:
+        """Logits [num_logits, vocab] float32 of batch.logits_indices' tokens, after one engine call that writes
+        every token's KV at its position. A slot engine runs it as one rectangle over the slots' range (rows no
+        sequence of the batch holds ride along with token 0 at their own length, their logits dropped)."""
+        rows = SlotRows.of(batch)
+        self.bind(rows.first_slot, rows.input_ids)
         self.execute()
-        return self.read_logits()
+        if rows.whole and rows.tail == 1:  # every row's last position in row order: the engine's own view
+            return self.read_logits()
+        tail = self.read_tail_logits()  # [rows, min(seq, logits_tail), vocab]
+        if rows.tail > tail.shape[1]:
+            raise ValueError(f"the batch wants logits {rows.tail} positions from a row's end, the engine returns "
+                             f"{tail.shape[1]} (logits_tail)")
+        if rows.whole and rows.tail == tail.shape[1]:
+            return tail.reshape(-1, tail.shape[-1])
+        return tail[rows.row_of, rows.tail_of + (tail.shape[1] - rows.tail)]
+
+    def step(self, first_slot: int, input_ids: np.ndarray) -> np.ndarray:
+        """forward over rows first_slot.. (input_ids [rows, seq] at each row's length): each row's last logits,
+        [rows, vocab] float32 on the host."""
+        lengths = self.kv.lengths[first_slot:first_slot + input_ids.shape[0]]
+        return self.to_host(self.forward(ModelInput.rows(first_slot, input_ids, lengths)))
+
+    def to_host(self, logits: Any) -> np.ndarray:
+        """forward's logits as a numpy array (they already are, unless the backend computes on a device)."""
+        return logits
+
+    def make_sampler(self, seed: int | None = None) -> Sampler:
+        """The sampler for this backend's logits: numpy's here; a device backend samples where its logits are."""
+        return Sampler(seed)
 
     @abstractmethod
     def bind(self, first_slot: int, input_ids: np.ndarray) -> None: ...

@@ -1,8 +1,8 @@
 """Which registered backend runs an engine dir on this machine, and why.
 
 backend="auto" takes the most preferred backend whose `usable` says yes: TensorRT when the engine
-dir has an engine that trt/compatibility.py says can run here, and onnxruntime on the ONNX twin
-otherwise; the reasons are kept so `trtbuild run --json` and LLM.backend_reason can say why.
+dir has an engine that trt/compatibility.py says can run here, PyTorch on a CUDA GPU otherwise
+(runner/torch_backend/), and onnxruntime on the ONNX twin on a CPU; the reasons are kept so `trtbuild run --json` and LLM.backend_reason can say why.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_builder.runner import ort_backend, ort_paged, trt_backend, trt_paged  # noqa: F401  (each registers its backend)
+from engine_builder.runner.torch_backend import backend as torch_backend  # noqa: F401  (registers "torch", no torch import)
 from engine_builder.runner.backend import Backend, registered_backends
 from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError
@@ -19,7 +20,7 @@ BACKENDS = ("auto", *sorted(cls.name for cls in registered_backends()))
 
 @dataclass(frozen=True)
 class BackendChoice:
-    name: str  # onnxruntime | tensorrt
+    name: str  # onnxruntime | tensorrt | torch
     reason: str  # why this one: the TensorRT verdict, or the user's request
 
 
@@ -29,7 +30,7 @@ def choose_backend(engine: EngineDir, backend: str = "auto") -> BackendChoice:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend != "auto":
         cls = next(c for c in registered_backends() if c.name == backend)
-        ok, verdict = cls.usable(engine)
+        ok, verdict = cls.usable_when_asked(engine)
         if not ok:
             raise UnsupportedError(f"cannot use the {cls.title} engine in {engine.path}: {verdict}; run with "
                                    "--backend onnxruntime (or auto) to use the ONNX twin on CPU")

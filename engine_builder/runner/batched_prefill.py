@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine_builder.runner.core.model_input import ModelInput
+
 from engine_builder.runner.kv_cache import KVCacheManager
 from engine_builder.runner.request_state import Event, RequestState
 
@@ -143,17 +145,12 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
             fed += len(contexts[r.slot])
             generator.prefill(r, events)
         return fed
-    ids = np.zeros((hi - lo, width), np.int64)  # riders and padding: token 0
-    for slot, context in contexts.items():
-        ids[slot - lo, :len(context)] = context
     for r in by_slot:  # grammar masks are computed in a worker while the engine runs
         if r.sampling.grammar is not None:
             r.sampling.grammar.prefetch()
-    backend.bind(lo, ids)
-    backend.execute()
-    tail = backend.read_tail_logits()  # [rows, min(width, logits_tail), vocab]: a view, valid until the next step
-    last = tail.shape[1] - 1
-    logits = np.stack([tail[r.slot - lo, last - (width - len(contexts[r.slot]))] for r in by_slot])  # [n, vocab]
+    slots = np.fromiter(contexts, np.int64, len(contexts))
+    batch = ModelInput.ragged(slots, [np.asarray(c, np.int64) for c in contexts.values()], kv.lengths[slots])
+    logits = backend.forward(batch)  # [n, vocab]: each row's last token (a slot engine pads rows to `width`)
     for r in by_slot:
         kv.advance(r.slot, len(contexts[r.slot]))
         if not r.token_ids and generator.prefix_cache is not None:

@@ -40,6 +40,7 @@ import numpy as np
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import run_beam_search
+from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
 from engine_builder.runner.grammar import GrammarCompiler
 from engine_builder.runner.prefix_cache import PrefixCache
@@ -72,7 +73,7 @@ class Generator:
         self.cache_outputs = False
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
-        self.sampler = sampler or Sampler()
+        self.sampler = sampler or backend.make_sampler()
         self.timings: Timings | None = None  # of the last finished run
         # how start() admits sampled requests: None = by free slots, each reserving prompt + max_new_tokens
         # (_run_sampled); LLM sets block admission (runner/scheduling/block_admission.py)
@@ -219,7 +220,8 @@ class Generator:
         if scored:
             logits = self._prefill_scored(r, start, end)
         else:
-            logits = self.backend.step(r.slot, np.asarray(context[start:end], np.int64)[None, :])  # [1, vocab]
+            ids = np.asarray(context[start:end], np.int64)[None, :]
+            logits = self.backend.forward(ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1]))  # [1, vocab]
             kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
             self.prefix_cache.store(r.prompt_ids, r.slot)
@@ -234,12 +236,12 @@ class Generator:
         context = r.prompt_ids + r.token_ids
         chunk = max(1, min(self.backend.logits_tail, self.backend.max_input_len))
         logits = None
+        kv = self.backend.kv
         for at in range(start, end, chunk):
             ids = np.asarray(context[at:min(end, at + chunk)], np.int64)[None, :]
-            self.backend.bind(r.slot, ids)
-            self.backend.execute()
-            tail = self.backend.read_tail_logits()[0]  # [seq, vocab]: position j predicts the token after ids[j]
-            self.backend.kv.advance(r.slot, ids.shape[1])
+            batch = ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1], logits=ids.shape[1])
+            tail = self.backend.to_host(self.backend.forward(batch))  # [seq, vocab]: j predicts the token after ids[j]
+            kv.advance(r.slot, ids.shape[1])
             for j in range(ids.shape[1]):
                 if at + j + 1 < len(r.prompt_ids):
                     r.prompt_logprobs.append(score_prompt(tail[j:j + 1], r.prompt_ids[at + j + 1],
@@ -267,13 +269,11 @@ class Generator:
         started = time.perf_counter()
         execute_before = self.backend.execute_seconds
         slots = sorted(active)
-        hi = slots[-1] + 1
         for s in slots:  # grammar masks are computed in a worker while the engine runs
             if active[s].sampling.grammar is not None:
                 active[s].sampling.grammar.prefetch()
-        logits = self.backend.step(0, self._next_ids[:hi])  # [hi, vocab]
-        if len(slots) < hi:  # rows that rode along: drop their logits
-            logits = logits[slots]
+        at = np.asarray(slots, np.int64)
+        logits = self.backend.forward(ModelInput.decode(at, self._next_ids[at, 0], self.backend.kv.lengths[at]))
         requests = [active[s] for s in slots]
         sample = self.sampler(logits, [r.sampling for r in requests])
         for r, token, lp in zip(requests, sample.token_ids, sample.logprobs):

@@ -32,7 +32,7 @@ from engine_builder.runner.ort_spinning import sessions_take_turns
 from engine_builder.runner.paged_kv_cache import paged_prefix_cache
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
-from engine_builder.runner.sampler import Sampler, TokenLogprobs
+from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
@@ -152,11 +152,6 @@ class LLM:
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
         self.engine = EngineDir.load(engine_dir, verify="overlap" if verify else False)
         try:
-            if kv_cache_memory is not None and self.engine.kv_layout_kind != "paged":
-                # a slot engine's KV is max_batch x max_seq_len, fixed at build time
-                raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
-                                 f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
-                                 "`trtbuild build --kv-layout paged`, or leave the option out")
             # a target and its draft alternate; an LLM opened inside a caller's sessions_take_turns() keeps it
             turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
             with turns:
@@ -186,16 +181,22 @@ class LLM:
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None:
             eos.insert(0, self.tokenizer.eos_token_id)
+        if kv_cache_memory is not None and not getattr(self.backend.kv, "paged", False):
+            # a slot engine's KV is max_batch x max_seq_len, fixed at build time
+            self.backend.close()
+            raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
+                             f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
+                             "`trtbuild build --kv-layout paged`, run it with --backend torch, or leave the option out")
         cache = None
         if getattr(self.backend.kv, "paged", False):  # block pool (runner/paged_kv_cache.py)
             cache = paged_prefix_cache(self.backend, prefix_cache, kv_cache_memory)
         elif prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
             cache = PrefixCache(self.backend.kv, budget_bytes=prefix_cache_bytes)
         if spec is None:
-            self._generator = Generator(self.backend, self.tokenizer, eos, Sampler(seed), cache)
+            self._generator = Generator(self.backend, self.tokenizer, eos, self.backend.make_sampler(seed), cache)
         else:
-            self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos, Sampler(seed), cache,
-                                                    seed=seed, threads=threads)
+            self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos,
+                                                    self.backend.make_sampler(seed), cache, seed=seed, threads=threads)
         # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
         # keep answers themselves, runner/chat_session.py)

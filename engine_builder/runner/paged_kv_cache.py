@@ -108,11 +108,16 @@ class PagedKVCacheManager(SlotTable):
         """Before a step writing seq positions at each busy slot's length in [first, first + rows): blocks
         for them (grow), and private copies of shared ones (copy-on-write), so a cached or forked block is
         never overwritten."""
-        for slot in range(first, first + rows):
+        self.prepare_writes(range(first, first + rows), [seq] * rows)
+
+    def prepare_writes(self, slots: Sequence[int], counts: Sequence[int]) -> None:
+        """prepare_write for counts[i] positions at slots[i]'s length (a flat batch: runner/core/model_input.py)."""
+        for slot, n in zip(slots, counts):
+            slot = int(slot)
             if self._owner[slot] is None:
                 continue  # idle row: its table is all scratch
             start = int(self.lengths[slot])
-            end = min(start + seq, int(self._reserved[slot]))
+            end = min(start + int(n), int(self._reserved[slot]))
             if end <= start:
                 continue
             grown = self.blocks.reserve(slot, end)

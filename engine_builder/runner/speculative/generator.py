@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from engine_builder.runner.backend import Backend
+from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, StepClock
@@ -206,9 +207,8 @@ class SpeculativeGenerator(Generator):
         ids[:, 0] = self._next_ids[lo:hi, 0]
         for slot, (_, _, proposal) in drafted.items():
             ids[slot - lo, 1:len(proposal.tokens) + 1] = proposal.tokens
-        self.backend.bind(lo, ids)
-        self.backend.execute()
-        logits = self.backend.read_tail_logits()  # [rows, width, vocab]
+        batch = ModelInput.rows(lo, ids, self.backend.kv.lengths[lo:hi], logits=width)
+        logits = self.backend.to_host(self.backend.forward(batch)).reshape(hi - lo, width, -1)  # [rows, width, vocab]
         emitted = 0
         for slot, (r, control, proposal) in drafted.items():
             accepted, kept = self._settle(r, proposal, logits[slot - lo, :len(proposal.tokens) + 1], events)
@@ -228,9 +228,8 @@ class SpeculativeGenerator(Generator):
         ids = np.empty((1, len(drafts) + 1), np.int64)
         ids[0, 0] = self._next_ids[slot, 0]
         ids[0, 1:] = drafts
-        self.backend.bind(slot, ids)
-        self.backend.execute()
-        logits = self.backend.read_tail_logits()[0]  # [k+1, vocab]: position i predicts the token after ids[i]
+        batch = ModelInput.rows(slot, ids, self.backend.kv.lengths[slot:slot + 1], logits=ids.shape[1])
+        logits = self.backend.to_host(self.backend.forward(batch))  # [k+1, vocab]: i predicts the token after ids[i]
         accepted, emitted = self._settle(r, proposal, logits, events)
         seconds = time.perf_counter() - started
         if drafts:
