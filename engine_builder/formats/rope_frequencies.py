@@ -4,7 +4,8 @@ Each function mirrors one in transformers' `modeling_rope_utils` (5.x) operation
 operation in float32 torch, so the tables are bit-identical to the reference and any
 logits difference points at the graph, not at the tables. The frequencies of `longrope`
 and `dynamic` depend on the sequence length; for those we return what the graph needs
-to make the same choice at run time (see rotary.py).
+to make the same choice at run time (network/rotary.py). A contract of formats/ because both
+halves read it: the graph emitter and the torch runtime (runner/torch_backend/rope_tables.py).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def rope_frequencies(cfg: ModelConfig, layer_type: LayerType) -> RopeFrequencies
         # the plain one (the formula gives exactly theta there)
         return RopeFrequencies(dim, _np(_default_int(theta, dim)),
                                dynamic=DynamicNtk(theta, s.factor, cfg.max_position_embeddings))
-    raise UnsupportedError(f"rope scaling {s.type!r} is not supported by the network builder")
+    raise UnsupportedError(f"rope scaling {s.type!r} is not supported")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -10,6 +10,7 @@ from onnx_ir.passes.common import ShapeInferencePass
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.formats.model_config import LayerType, ModelConfig
+from engine_builder.formats.rope_frequencies import rope_frequencies
 from engine_builder.network.attention import self_attention
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
 from engine_builder.network.linear import linear
@@ -18,7 +19,6 @@ from engine_builder.network.mlp import mlp
 from engine_builder.network.norms import checkpoint_norm
 from engine_builder.network.options import NetworkOptions
 from engine_builder.network.paged_attention import paged_masks
-from engine_builder.network.rope_frequencies import rope_frequencies
 from engine_builder.network.rotary import RotaryTables, rotary_tables
 from engine_builder.network.weights import CheckpointWeights
 from engine_builder.util.errors import ConfigError

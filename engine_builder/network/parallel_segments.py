@@ -26,13 +26,13 @@ from engine_builder.formats import graph_io as io
 from engine_builder.formats import parallel_mapping as pm
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes, weights_file
 from engine_builder.formats.parallel_mapping import Segment
+from engine_builder.formats.rope_frequencies import rope_frequencies
 from engine_builder.network.attention import self_attention
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
 from engine_builder.network.decoder import DTYPES, IR_VERSION, OPSET
 from engine_builder.network.masks import attention_masks
 from engine_builder.network.mlp import mlp
 from engine_builder.network.norms import checkpoint_norm
-from engine_builder.network.rope_frequencies import rope_frequencies
 from engine_builder.network.rotary import rotary_tables
 from engine_builder.network.weights import CheckpointWeights
 from engine_builder.util.errors import InputError

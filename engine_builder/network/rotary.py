@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from engine_builder.formats.rope_frequencies import RopeFrequencies
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
-from engine_builder.network.rope_frequencies import RopeFrequencies
 
 INT64_MAX = np.iinfo(np.int64).max
 

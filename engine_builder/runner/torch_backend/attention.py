@@ -1,0 +1,72 @@
+"""Paged KV on a torch device: where a step's keys and values go, and attention that reads them back.
+
+The pool of one layer is two tensors [num_blocks, block_size, kv_heads, head_dim] (keys, values): block b of a
+sequence holds its positions b * block_size .. (b + 1) * block_size - 1, and a sequence's block table row lists
+its pool blocks in order (the PagedKVCacheManager's table, runner/paged_kv_cache.py). A step is a flat batch
+(runner/core/model_input.py): num_tokens new tokens, sequence i's at query_start[i]:query_start[i + 1], being
+the last positions of the context_lens[i] that sequence holds once they are written.
+
+    write_kv              the step's keys/values into their pool slots (block * block_size + offset)
+    paged_attention_ref   every query attends to its own sequence's positions up to its own (causal),
+                          and within sliding_window of it when given (transformers' rule: q - k < window);
+                          gather + torch SDPA per sequence: correct for any shape, on any device, and slow.
+                          It is the oracle of the Triton kernel (paged_attention_triton.py) and the CPU path.
+
+Queries, keys and values are [tokens, heads, head_dim]; any query/KV head ratio (SmolLM2 is 9:3). Scores are
+computed in float32 whatever the pool's dtype; soft-capping (gemma2: cap * tanh(s / cap)) comes before the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, seq_of_token: torch.Tensor,
+                 block_size: int) -> torch.Tensor:
+    """[tokens] int64: the flat pool slot (block * block_size + offset) each new token's key/value goes to."""
+    blocks = block_tables[seq_of_token, positions // block_size].to(torch.int64)
+    return blocks * block_size + positions % block_size
+
+
+def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """k, v [tokens, kv_heads, head_dim] into the pools [num_blocks, block_size, kv_heads, head_dim] at slots."""
+    kv_heads, head_dim = k_pool.shape[2], k_pool.shape[3]
+    k_pool.view(-1, kv_heads, head_dim).index_copy_(0, slots, k.to(k_pool.dtype))
+    v_pool.view(-1, kv_heads, head_dim).index_copy_(0, slots, v.to(v_pool.dtype))
+
+
+def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                        context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float,
+                        softcap: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+    """[tokens, heads, head_dim] in q's dtype: attention of each sequence's queries over its cached positions.
+
+    block_tables [seqs, max_blocks] int32/64, context_lens [seqs], query_start [seqs + 1] (host or device)."""
+    heads, kv_heads, block_size = q.shape[1], k_pool.shape[2], k_pool.shape[1]
+    out = torch.empty_like(q)
+    starts, lens = query_start.tolist(), context_lens.tolist()
+    for i, ctx in enumerate(lens):
+        lo, hi = starts[i], starts[i + 1]
+        if hi == lo:
+            continue
+        blocks = block_tables[i, :-(-ctx // block_size)].to(device=k_pool.device, dtype=torch.int64)
+        k = k_pool[blocks].reshape(-1, kv_heads, k_pool.shape[3])[:ctx]  # [ctx, kv_heads, head_dim]
+        v = v_pool[blocks].reshape(-1, kv_heads, v_pool.shape[3])[:ctx]
+        q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]  # [q_len, 1]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]  # [1, ctx]
+        visible = k_pos <= q_pos
+        if sliding_window:
+            visible &= q_pos - k_pos < sliding_window
+        qi = q[lo:hi].transpose(0, 1).float()  # [heads, q_len, head_dim]
+        ki = k.transpose(0, 1).float().repeat_interleave(heads // kv_heads, dim=0)  # [heads, ctx, head_dim]
+        vi = v.transpose(0, 1).float().repeat_interleave(heads // kv_heads, dim=0)
+        if softcap:
+            scores = qi @ ki.transpose(1, 2) * scale
+            scores = softcap * torch.tanh(scores / softcap)
+            scores = scores.masked_fill(~visible, float("-inf"))
+            o = torch.softmax(scores, dim=-1) @ vi
+        else:
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=visible, scale=scale)
+        out[lo:hi] = o.transpose(0, 1).to(q.dtype)
+    return out

@@ -1,0 +1,117 @@
+"""Decode steps replayed from CUDA graphs, one per batch-size bucket (TensorRT-LLM's and vLLM's way).
+
+A small model's decode step is a few hundred kernels of microseconds each: launched one by one from Python it
+is bound by the launches, not the GPU. A graph captured once per bucket replays the whole step with one call.
+A step of n sequences runs the smallest bucket B >= n; rows n..B-1 are padding: no queries (query_start
+repeats n), context length 0, block table all scratch, so their keys and values land in the scratch block and
+their logits are dropped.
+
+Everything the step reads lives in one static int64 device buffer (ids, positions, context lengths, query
+starts, block tables): a step is one host-to-device copy from a pinned staging buffer, then the replay.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from engine_builder.runner.block_pool import SCRATCH_BLOCK
+from engine_builder.runner.core.model_input import ModelInput
+
+if TYPE_CHECKING:
+    from engine_builder.runner.torch_backend.backend import TorchBackend
+
+
+def buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 64, every 32 past it, and max_batch itself."""
+    out = [b for b in (1, 2, 4) if b < max_batch]
+    out += list(range(8, min(max_batch, 64) + 1, 8)) + list(range(96, max_batch + 1, 32))
+    return sorted({*[b for b in out if b <= max_batch], max_batch})
+
+
+class _Graph:
+    """One captured decode step of `size` rows."""
+
+    def __init__(self, backend: TorchBackend, size: int, pool) -> None:
+        self.size = size
+        width = backend.layout.max_blocks_per_seq
+        self.width = width
+        n = size * (4 + width) + 1
+        dev = backend.device
+        self.buffer = torch.zeros(n, dtype=torch.int64, device=dev)  # the step's inputs, packed
+        self.staging = torch.zeros(n, dtype=torch.int64, pin_memory=True)
+        self.host = self.staging.numpy()
+        b = self.buffer
+        ids, pos, ctx = b[:size], b[size:2 * size], b[2 * size:3 * size]
+        query_start = b[3 * size:4 * size + 1]
+        tables = b[4 * size + 1:].view(size, width)
+        rows = torch.arange(size, device=dev)
+        self._fill_padding(0)
+        self.buffer.copy_(self.staging)
+
+        def step() -> torch.Tensor:
+            return backend.run_model(ids, pos, tables.to(torch.int32), ctx, query_start, rows, rows, max_query_len=1)
+
+        for _ in range(2):  # compile the kernels (Triton's first launch) and settle cuBLAS's workspaces
+            step()
+        torch.cuda.synchronize(dev)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = step()  # [size, vocab]: valid until the next replay
+
+    def _fill_padding(self, n: int) -> None:
+        s, h = self.size, self.host
+        h[n:s] = 0  # ids
+        h[s + n:2 * s] = 0  # positions
+        h[2 * s + n:3 * s] = 0  # context lengths: padding rows attend to nothing
+        h[3 * s + n:4 * s + 1] = n  # query starts: no queries past row n
+        h[4 * s + 1 + n * self.width:] = SCRATCH_BLOCK
+
+    def run(self, batch: ModelInput, tables: np.ndarray) -> torch.Tensor:
+        n, s, h = batch.num_seqs, self.size, self.host
+        h[:n] = batch.token_ids
+        h[s:s + n] = batch.positions
+        h[2 * s:2 * s + n] = batch.context_lens
+        h[3 * s:3 * s + n + 1] = batch.query_start
+        h[4 * s + 1:4 * s + 1 + n * self.width].reshape(n, self.width)[:] = tables
+        self._fill_padding(n)
+        self.buffer.copy_(self.staging, non_blocking=True)
+        self.graph.replay()
+        return self.logits[:n]
+
+
+class DecodeGraphs:
+    """The captured decode steps of one backend, each captured on first use of its bucket."""
+
+    def __init__(self, backend: TorchBackend) -> None:
+        self.backend = backend
+        self.sizes = buckets(backend.kv.batch_slots)
+        self._graphs: dict[int, _Graph] = {}
+        self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every bucket's graph
+        self.capture_seconds = 0.0
+
+    def takes(self, batch: ModelInput) -> bool:
+        """One token per sequence, each one's logits in order: a decode step."""
+        n = batch.num_seqs
+        return (batch.num_tokens == n and n <= self.sizes[-1]
+                and bool((batch.logits_indices == np.arange(n)).all()))
+
+    def run(self, batch: ModelInput) -> torch.Tensor:
+        size = next(s for s in self.sizes if s >= batch.num_seqs)
+        if size not in self._graphs:
+            started = time.perf_counter()
+            self._graphs[size] = _Graph(self.backend, size, self._pool)
+            self.capture_seconds += time.perf_counter() - started
+        return self._graphs[size].run(batch, self.backend.kv.block_table[batch.slots])
+
+    def capture_all(self) -> float:
+        """Capture every bucket now (a server's warm-up, before requests arrive); the seconds capturing took."""
+        for size in self.sizes:
+            if size not in self._graphs:
+                started = time.perf_counter()
+                self._graphs[size] = _Graph(self.backend, size, self._pool)
+                self.capture_seconds += time.perf_counter() - started
+        return self.capture_seconds

@@ -1,0 +1,78 @@
+"""The decoder's building blocks in torch, each in the exact order transformers computes it.
+
+    norms        RMSNorm (llama: normalize in float32, back to the model dtype, times w; gemma: times (1 + w)
+                 in float32, then back), LayerNorm with its bias (gpt2, gpt-neox): NormSpec.kind
+    activations  silu, gelu (erf), gelu_tanh: MlpSpec.activation
+    dense MLPs   gated down(act(gate) * up) from one fused [gate; up] linear, plain down(act(up)): MlpSpec.kind
+
+The graph emitter's twins are engine_builder/network/norms.py and mlp.py; they dispatch on the same spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine_builder.formats.model_config import MlpSpec, NormSpec
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class NormWeights:
+    weight: torch.Tensor  # [size] model dtype, as stored (gemma's offset is applied at run time, as transformers does)
+    bias: torch.Tensor | None = None  # [size], layer_norm only
+
+
+def norm(x: torch.Tensor, w: NormWeights, spec: NormSpec) -> torch.Tensor:
+    """x [..., size] normalized over its last axis by SPEC's kind; the result in x's dtype."""
+    if spec.kind == "layer_norm":
+        weight = w.weight + spec.weight_offset if spec.weight_offset else w.weight
+        # torch takes the statistics of a 16-bit input in float32 itself
+        return F.layer_norm(x, (x.shape[-1],), weight, w.bias, spec.eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + spec.eps)
+    if spec.weight_offset:
+        # gemma: (x_normed * (offset + w)) in float32, then back to the activation dtype
+        return (h * (spec.weight_offset + w.weight.float())).to(x.dtype)
+    # llama: back to the activation dtype first, then times the weight
+    return w.weight * h.to(x.dtype)
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # gelu_pytorch_tanh, gelu_new
+    "gelu": F.gelu,  # transformers' "gelu": the exact erf form
+}
+
+
+@dataclass(frozen=True)
+class DenseMlpWeights:
+    """gated: `up` is the fused [gate; up] weight [2 inter, hidden]; plain: up [inter, hidden]."""
+
+    up: torch.Tensor
+    down: torch.Tensor  # [hidden, inter]
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+
+def gated_mlp(x: torch.Tensor, w: DenseMlpWeights, act: Activation) -> torch.Tensor:
+    """x [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x))."""
+    gate, up = F.linear(x, w.up, w.up_bias).chunk(2, dim=-1)  # [T, inter] each
+    return F.linear(act(gate) * up, w.down, w.down_bias)
+
+
+def plain_mlp(x: torch.Tensor, w: DenseMlpWeights, act: Activation) -> torch.Tensor:
+    """x [T, hidden] -> [T, hidden]: down(act(up(x)))."""
+    return F.linear(act(F.linear(x, w.up, w.up_bias)), w.down, w.down_bias)
+
+
+DENSE_MLPS: dict[str, Callable[[torch.Tensor, DenseMlpWeights, Activation], torch.Tensor]] = {
+    "gated": gated_mlp, "plain": plain_mlp}
+
+
+def dense_mlp(x: torch.Tensor, w: DenseMlpWeights, spec: MlpSpec) -> torch.Tensor:
+    return DENSE_MLPS[spec.kind](x, w, ACTIVATIONS[spec.activation])

@@ -1,0 +1,185 @@
+"""The torch backend at work: the checkpoint's weights on a torch device, paged KV in device memory.
+
+    forward(batch)   a ModelInput (flat tokens, positions, slots) -> logits [num_logits, vocab] float32, a tensor on
+                     the device: the loop samples them there (sampler.py); only token ids and the logprobs a
+                     request asked for reach the host
+    KV               the same PagedKVCacheManager as a paged onnxruntime twin (host_buffers=False: bookkeeping
+                     only): block tables, radix prefix reuse by reference, copy-on-write fork; the pools are
+                     [num_blocks, block_size, kv_heads, head_dim] device tensors per layer, and the manager's
+                     block copies run here (copy_blocks)
+    decode steps     on CUDA, replayed from CUDA graphs captured per batch-size bucket (cuda_graphs.py)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
+from engine_builder.runner.sampler import Sampler
+from engine_builder.runner.torch_backend.attention import paged_attention_ref, slot_mapping
+from engine_builder.runner.torch_backend.backend import TorchBackend
+from engine_builder.runner.torch_backend.device import device_memory_budget, torch_device
+from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.util.errors import InputError
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class TorchRuntime(TorchBackend):
+    kv: PagedKVCacheManager  # type: ignore[assignment]
+
+    def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None,
+                 gpu_memory_utilization: float | None = None, cuda_graphs: bool = True) -> None:
+        self.engine = engine
+        self.device = torch_device()
+        if self.device.type == "cpu" and threads:
+            torch.set_num_threads(threads)
+        # bf16/fp16 on a GPU as built; float32 on a CPU (no fast half arithmetic there, as the twin)
+        self.dtype = getattr(torch, engine.dtype) if self.device.type == "cuda" else torch.float32
+        lim = engine.limits
+        # CUDA: the Triton kernel reads the block tables; elsewhere gather + SDPA (attention.py), its oracle
+        attention = paged_attention_ref
+        if self.device.type == "cuda":  # Triton ships with torch's CUDA builds, not with the CPU one
+            from engine_builder.runner.torch_backend.paged_attention_triton import paged_attention_triton
+
+            self._triton = paged_attention_triton
+            attention = self._kernel
+        self.model = TorchDecoder.from_dir(engine.path, device=self.device, dtype=self.dtype,
+                                           max_positions=lim.max_seq_len, attention=attention)
+        block = engine.manifest.build.kv_block_size or DEFAULT_BLOCK_SIZE
+        self.layout = PagedKVLayout.of(engine.model, lim.max_seq_len, str(self.dtype).removeprefix("torch."),
+                                       block_size=block)
+        self.vocab_size = engine.model.vocab_size
+        self.max_input_len = lim.max_input_len
+        self.logits_tail = lim.max_input_len  # every position's logits can come back (verify, prompt scoring)
+        self.reprefill_after = self.model.reprefill_after
+        self.kv_update = "in_place"
+        self.execute_seconds = 0.0
+        self._gpu_memory_utilization = gpu_memory_utilization
+        self._cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._new_pool(kv_cache_memory, prefix_cache=True)
+
+    # --- KV --------------------------------------------------------------------------------------------
+
+    def _new_pool(self, kv_cache_memory: int | None, prefix_cache: bool) -> None:
+        if kv_cache_memory is None:
+            kv_cache_memory = device_memory_budget(self.device, self._gpu_memory_utilization)
+        self.kv = PagedKVCacheManager.for_layout(self.layout, self.engine.limits.max_batch, kv_cache_memory,
+                                                 prefix_cache, host_buffers=False)
+        self.kv.pool.copy_blocks = self._copy_blocks
+        shape = (self.kv.pool.num_blocks, self.layout.block_size, self.layout.kv_heads, self.layout.head_dim)
+        # zeros: a block never written is finite (the kernel never reads past a context length, the
+        # reference path neither; zeros keep a stray read harmless)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
+        self._graphs = None
+        if self._cuda_graphs:
+            from engine_builder.runner.torch_backend.cuda_graphs import DecodeGraphs
+
+            self._graphs = DecodeGraphs(self)
+
+    def resize_kv(self, kv_cache_memory: int, prefix_cache: bool = True) -> None:
+        """A new pool of kv_cache_memory bytes (before any request runs: every slot must be free)."""
+        if self.kv.num_free != self.kv.batch_slots:
+            raise InputError("the KV cache can be resized only while no request runs")
+        self.keys = self.values = []
+        self._graphs = None
+        self._new_pool(kv_cache_memory, prefix_cache)
+
+    def _copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        s = torch.as_tensor(list(src), device=self.device)
+        d = torch.as_tensor(list(dst), device=self.device)
+        for pool in (*self.keys, *self.values):
+            pool.index_copy_(0, d, pool.index_select(0, s))
+
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Beam fan-out and reordering: dst slots map src slots' blocks (copy-on-write), no KV is copied."""
+        self.kv.copy_slots(src, dst)
+
+    def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
+        raise NotImplementedError("a paged cache forks blocks (copy_slots); it has no rows to copy")
+
+    # --- the step --------------------------------------------------------------------------------------
+
+    def forward(self, batch: ModelInput) -> torch.Tensor:
+        started = time.perf_counter()
+        self.kv.prepare_writes(batch.slots, batch.query_lens)
+        if self._graphs is not None and self._graphs.takes(batch):
+            logits = self._graphs.run(batch)
+        else:
+            logits = self._eager(batch)
+        self.execute_seconds += time.perf_counter() - started
+        return logits
+
+    def block_tables(self, slots: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        """[seqs, width] int32: each slot's blocks, width the longest context's block count."""
+        width = max(1, -(-int(context_lens.max()) // self.layout.block_size))
+        return self.kv.block_table[slots, :width].astype(np.int32)
+
+    def _eager(self, batch: ModelInput) -> torch.Tensor:
+        dev = self.device
+
+        def put(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
+
+        tables = self.block_tables(batch.slots, batch.context_lens)
+        return self.run_model(put(batch.token_ids), put(batch.positions), put(tables), put(batch.context_lens),
+                              put(batch.query_start), put(np.repeat(np.arange(batch.num_seqs), batch.query_lens)),
+                              put(batch.logits_indices), max_query_len=int(batch.query_lens.max()))
+
+    def run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, query_start: torch.Tensor, seq_of_token: torch.Tensor,
+                  logits_indices: torch.Tensor, *, max_query_len: int) -> torch.Tensor:
+        """The model over device tensors (ModelInput's fields; block_tables [seqs, width] int32): logits
+        [num_logits, vocab] float32. No host synchronization on CUDA: a CUDA graph captures it (cuda_graphs.py)."""
+        slots = slot_mapping(block_tables, positions, seq_of_token, self.layout.block_size)
+        kv = PagedKV(self.keys, self.values, block_tables, context_lens, query_start, slots)
+        self._max_query_len = max_query_len  # the kernel's grid: a host int, never read off the device
+        return self.model(token_ids, positions, kv, logits_indices)
+
+    def _kernel(self, q, k_pool, v_pool, block_tables, context_lens, query_start, *, scale, softcap=None,
+                sliding_window=None):
+        """The Triton paged-attention kernel with paged_attention_ref's signature (the model's attention)."""
+        return self._triton(q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
+                                      softcap=softcap, sliding_window=sliding_window,
+                                      max_query_len=self._max_query_len)
+
+    def to_host(self, logits: torch.Tensor) -> np.ndarray:
+        return logits.float().cpu().numpy()
+
+    def make_sampler(self, seed: int | None = None) -> Sampler:
+        from engine_builder.runner.torch_backend.sampler import TorchSampler
+
+        return TorchSampler(seed)
+
+    # --- the slot engine's calls, for callers that still step rectangles (tests, eval) --------------------
+
+    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
+        rows = input_ids.shape[0]
+        self._bound = ModelInput.rows(first_slot, input_ids, self.kv.lengths[first_slot:first_slot + rows],
+                                      logits=input_ids.shape[1])
+        self._bound_shape = input_ids.shape
+
+    def execute(self) -> None:
+        self._tail = self.forward(self._bound)
+
+    def read_tail_logits(self) -> np.ndarray:
+        rows, seq = self._bound_shape
+        return self.to_host(self._tail).reshape(rows, seq, -1)
+
+    def read_logits(self) -> np.ndarray:
+        return self.read_tail_logits()[:, -1]
+
+    def close(self) -> None:
+        self.keys = self.values = []
+        self._graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+

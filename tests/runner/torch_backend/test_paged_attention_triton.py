@@ -1,0 +1,242 @@
+"""paged_attention_triton against paged_attention_ref on the CPU (Triton's interpreter), and its sm_90 build.
+
+Why a child process: triton.jit picks interpreted or compiled when it decorates, i.e. when
+paged_attention_triton.py is first imported, reading TRITON_INTERPRET at that moment (seen with triton 3.6:
+setting the variable after `import triton` but before the decoration is enough, after it does nothing). In
+pytest's process another test may have imported the module already, and setting the variable there would turn
+every other Triton kernel of the session into an interpreted one. So this file is also a script: the test runs
+it once as a child with TRITON_INTERPRET=1 in its environment, the child checks every case of CASES and prints
+one JSON line, and each parametrized test reads its case from that. The host-synchronization and sm_90 build
+tests run in pytest's own process, on the compiled (not interpreted) kernels, with no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra brings it)")
+
+# name -> heads, kv_heads, head_dim, dtype, context_lens, query_lens, and options: window, softcap; splits (forced
+# num_splits; absent, choose_splits decides, and expect_split says what it decides with the CPU's stand-in of 132
+# multiprocessors: under 2 x 132 programs, one split per 2 key tiles of the table's width); tail (trailing q rows
+# no sequence owns); fused_q (q a strided view of a fused projection); int64 (64-bit metadata, as ModelInput
+# holds it); q_gain (sharper scores, so soft-capping bites)
+CASES: dict[str, dict] = {
+    # a table 8 blocks wide: 4 float32 key tiles of 32, 2 splits
+    "decode_9:3_d64_f32": dict(h=9, kv=3, d=64, dtype="float32", ctx=[1, 17, 100, 33, 64], q=[1, 1, 1, 1, 1],
+                               expect_split=True),
+    # 17 blocks wide: 5 bf16 key tiles of 64 at head_dim 128, 2 splits
+    "decode_4:1_d128_bf16": dict(h=4, kv=1, d=128, dtype="bfloat16", ctx=[1, 17, 100, 33, 250], q=[1, 1, 1, 1, 1],
+                                 expect_split=True),
+    # 8 blocks wide: one key tile of 128 at head_dim 64, nothing to split
+    "decode_1:1_d64_bf16_padding_row": dict(h=4, kv=4, d=64, dtype="bfloat16", ctx=[17, 0, 100, 1], q=[1, 0, 1, 1],
+                                            tail=2, int64=True, expect_split=False),
+    "decode_8:1_d64_bf16_split5": dict(h=8, kv=1, d=64, dtype="bfloat16", ctx=[200, 5, 64], q=[1, 1, 1], splits=5),
+    "mixed_9:3_d128_bf16": dict(h=9, kv=3, d=128, dtype="bfloat16", ctx=[40, 7, 0, 60, 1], q=[1, 7, 0, 20, 1],
+                                tail=3, fused_q=True, expect_split=False),
+    "mixed_4:1_d64_f32_window": dict(h=4, kv=1, d=64, dtype="float32", ctx=[100, 50, 17], q=[1, 12, 5], window=16,
+                                     expect_split=True),
+    "prefill_1:1_d128_f32": dict(h=2, kv=2, d=128, dtype="float32", ctx=[37, 90], q=[37, 1], expect_split=True),
+    "softcap_9:3_d64_bf16": dict(h=9, kv=3, d=64, dtype="bfloat16", ctx=[33, 80, 3], q=[1, 9, 3], softcap=5.0,
+                                 q_gain=4.0, expect_split=False),
+    "split3_9:3_d64_bf16_window_softcap": dict(h=9, kv=3, d=64, dtype="bfloat16", ctx=[260, 90, 1], q=[1, 4, 1],
+                                               window=40, softcap=10.0, q_gain=3.0, splits=3),
+    "split4_4:1_d128_f32_prefill": dict(h=4, kv=1, d=128, dtype="float32", ctx=[300, 17, 129, 0], q=[1, 1, 6, 0],
+                                        splits=4, tail=1),
+}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+BLOCK_SIZE = 16
+
+
+def run_case(spec: dict, seed: int) -> dict:
+    """Random pools (NaN wherever no sequence holds a position), shuffled block tables, NaN-poisoned out."""
+    import torch
+
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+    from engine_builder.runner.torch_backend.attention import paged_attention_ref
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, spec["dtype"])
+    heads, kv_heads, head_dim = spec["h"], spec["kv"], spec["d"]
+    ctx, q_lens = spec["ctx"], spec["q"]
+    need = [-(-c // BLOCK_SIZE) for c in ctx]
+    width = max(need) + 1
+    num_blocks = sum(need) + 4
+    k_pool = torch.full((num_blocks, BLOCK_SIZE, kv_heads, head_dim), float("nan"), dtype=dtype)
+    v_pool = torch.full_like(k_pool, float("nan"))
+    # block 0 is never handed out: table entries past a sequence's blocks point at it, all NaN
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    tables = torch.zeros(len(ctx), width, dtype=torch.int64 if spec.get("int64") else torch.int32)
+    for s, n in enumerate(need):
+        tables[s, :n] = torch.tensor(order[:n])
+        order = order[n:]
+        blocks = tables[s, :n].long()
+        keys = torch.randn(n * BLOCK_SIZE, kv_heads, head_dim, generator=gen)[: ctx[s]]
+        values = torch.randn(n * BLOCK_SIZE, kv_heads, head_dim, generator=gen)[: ctx[s]]
+        slots = blocks.repeat_interleave(BLOCK_SIZE)[: ctx[s]] * BLOCK_SIZE + torch.arange(ctx[s]) % BLOCK_SIZE
+        k_pool.view(-1, kv_heads, head_dim)[slots] = keys.to(dtype)
+        v_pool.view(-1, kv_heads, head_dim)[slots] = values.to(dtype)
+    meta = torch.int64 if spec.get("int64") else torch.int32
+    query_start = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=meta)
+    context_lens = torch.tensor(ctx, dtype=meta)
+    owned = int(query_start[-1])
+    tokens = owned + spec.get("tail", 0)
+    q = torch.randn(tokens, heads, head_dim, generator=gen) * spec.get("q_gain", 1.0)
+    if spec.get("fused_q"):  # q as the first part of a [tokens, (heads + 2 kv_heads) * head_dim] projection
+        fused = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+        fused[:, : heads * head_dim] = q.reshape(tokens, -1)
+        q = fused.to(dtype)[:, : heads * head_dim].view(tokens, heads, head_dim)
+    else:
+        q = q.to(dtype)
+    out = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    kwargs = dict(scale=head_dim**-0.5, softcap=spec.get("softcap"), sliding_window=spec.get("window"))
+
+    combines = []
+    original = pat._combine_splits_kernel
+
+    class Counting:  # records whether the split-K combine ran
+        def __getitem__(self, grid):
+            combines.append(grid)
+            return original[grid]
+
+    pat._combine_splits_kernel = Counting()
+    try:
+        pat.paged_attention_triton(q, k_pool, v_pool, tables, context_lens, query_start, max_query_len=max(q_lens),
+                                   out=out, num_splits=spec.get("splits"), **kwargs)
+    finally:
+        pat._combine_splits_kernel = original
+    ref = paged_attention_ref(q, k_pool, v_pool, tables, context_lens, query_start, **kwargs)
+    got, want = out[:owned].double(), ref[:owned].double()
+    return {"rel_err": float((got - want).norm() / want.norm()), "unwritten": int(got.isnan().sum()),
+            "tail_untouched": bool(out[owned:].isnan().all()), "split": bool(combines)}
+
+
+def child_main() -> None:
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+
+    assert type(pat._paged_attention_kernel).__name__ == "InterpretedFunction", "TRITON_INTERPRET=1 was not seen"
+    pat.patch_triton_interpreter()
+    print(json.dumps({name: run_case(spec, seed) for seed, (name, spec) in enumerate(CASES.items())}))
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference_in_interpreter(interpreted, name):
+    got, spec = interpreted[name], CASES[name]
+    assert got["unwritten"] == 0, f"{got['unwritten']} owned output elements left NaN (or NaN read from the pool)"
+    assert got["tail_untouched"], "rows of q that no sequence owns were written"
+    assert got["rel_err"] < TOLERANCE[spec["dtype"]], got
+    if (spec.get("splits") or 1) > 1:
+        assert got["split"], "the forced split-K path did not run its combine"
+    elif "expect_split" in spec:
+        assert got["split"] == spec["expect_split"], "choose_splits changed its mind on this batch"
+
+
+def test_host_side_never_synchronizes(monkeypatch):
+    """What CUDA-graph capture needs: the wrapper reads no device value (no .item(), .tolist(), bool(tensor)...)
+    and sizes both grids from host ints only. Kernels are stubbed; every tensor -> host conversion raises."""
+    import torch
+
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+
+    launches = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((self.name, grid, kwargs))
+
+    monkeypatch.setattr(pat, "_paged_attention_kernel", Stub("attention"))
+    monkeypatch.setattr(pat, "_combine_splits_kernel", Stub("combine"))
+    monkeypatch.setattr(pat, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(pat, "_interpreted", lambda: True)  # CPU tensors stand in for CUDA ones
+    q = torch.randn(5, 9, 64, dtype=torch.bfloat16)
+    pool = torch.randn(40, 16, 3, 64, dtype=torch.bfloat16)
+    tables = torch.zeros(4, 256, dtype=torch.int32)
+    lens, starts = torch.tensor([5, 0, 3, 9]), torch.tensor([0, 1, 1, 2, 5])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host synchronization")
+
+    for method in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, method, refuse)
+    pat.paged_attention_triton(q, pool, pool, tables, lens, starts, scale=0.125, max_query_len=3)
+    monkeypatch.undo()
+
+    (name, grid, kw), (combine, combine_grid, _) = launches
+    assert name == "attention" and combine == "combine"
+    tile = pat.choose_tile(3, 64, 3)
+    # 4 x 3 programs x 1 query tile is far under 2 x 132: the table's 256 blocks (32 key tiles of 128) allow 16 splits
+    assert grid == (4 * 3, 1, 16) and (kw["BLOCK_M"], kw["BLOCK_Q"]) == (tile.block_m, tile.block_q) == (16, 5)
+    assert combine_grid == (5, 9)
+
+
+def _compile_sm90(**const):
+    """The attention kernel built for sm_90 (H100/H200) by Triton's own ptxas, no GPU needed; its SASS."""
+    import subprocess as sp
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+
+    fn = pat._paged_attention_kernel
+    dtype = const.pop("dtype")
+    tile = pat.choose_tile(const["GROUP"], const["HEAD_DIM"], const.pop("max_query_len"), 4 if dtype == "fp32" else 2)
+    const.update(HEAD_DIM_PAD=tile.head_dim_pad, BLOCK_SIZE=16, BLOCK_M=tile.block_m, BLOCK_Q=tile.block_q,
+                 BLOCK_N=tile.block_n, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+    pointers = {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "out_ptr": dtype, "part_out_ptr": "fp32",
+                "part_lse_ptr": "fp32", "block_tables_ptr": "i32", "context_lens_ptr": "i32", "query_start_ptr": "i32"}
+    sig = {n: "constexpr" if n in const else "*" + pointers[n] if n in pointers else "fp32"
+           if n in ("scale", "softcap") else "i32" for n in fn.arg_names}
+    # what the JIT marks on a real launch: 16-byte aligned pointers, strides that are multiples of 16
+    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride_")]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = sp.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = sp.run([cuobjdump, "--dump-sass", f.name], capture_output=True, text=True).stdout
+    return usage, sass
+
+
+@pytest.mark.parametrize("variant", [
+    dict(dtype="bf16", KV_HEADS=8, GROUP=4, HEAD_DIM=128, max_query_len=1, SPLIT=True, SOFTCAP=False, WINDOW=False),
+    dict(dtype="bf16", KV_HEADS=3, GROUP=3, HEAD_DIM=64, max_query_len=1, SPLIT=False, SOFTCAP=False, WINDOW=False),
+    dict(dtype="bf16", KV_HEADS=3, GROUP=3, HEAD_DIM=64, max_query_len=128, SPLIT=False, SOFTCAP=True, WINDOW=True),
+    dict(dtype="fp32", KV_HEADS=2, GROUP=1, HEAD_DIM=128, max_query_len=64, SPLIT=False, SOFTCAP=False, WINDOW=False),
+], ids=["decode_32:8_d128_split", "decode_9:3_d64", "prefill_9:3_d64_softcap_window", "prefill_f32_d128"])
+def test_builds_for_hopper_without_spills(variant):
+    """tl.dot's shape rules and register pressure are the GPU's, not the interpreter's (which takes any shape):
+    the kernel must compile for sm_90, keep its tiles in registers (no local-memory stack) and, in bf16, use
+    the tensor cores (HMMA, or wgmma's HGMMA for 64-row tiles), fed by cp.async (LDGSTS) pipelining."""
+    bf16 = variant["dtype"] == "bf16"
+    usage, sass = _compile_sm90(**variant)
+    assert "STACK:0 " in usage and "LDL" not in sass, usage
+    if bf16:
+        assert "HMMA" in sass or "HGMMA" in sass, "no tensor-core instruction"
+        assert "LDGSTS" in sass, "the key/value loads are not pipelined (no cp.async)"
+
+
+if __name__ == "__main__":
+    child_main()
