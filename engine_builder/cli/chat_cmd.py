@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from engine_builder.cli.console import verbose
+from engine_builder.cli.console import BACKEND_HELP, verbose
 from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import TrtbuildError
 
@@ -22,7 +22,7 @@ def chat(
     temperature: Annotated[float | None, typer.Option(help="0 = greedy; default: the engine's "
                                                            "generation_config.json (greedy without one).")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (with a temperature > 0).")] = None,
-    backend: Annotated[str, typer.Option(help="auto, onnxruntime or tensorrt.")] = "auto",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     speculative: Annotated[str | None, typer.Option(
         help="Speculative decoding: ngram (prompt lookup), draft (--draft-engine) or off; the same answers at "
              "temperature 0. Default: the engine's recipe runtime block, else off.")] = None,

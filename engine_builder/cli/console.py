@@ -85,3 +85,7 @@ def print_json(obj: Any, one_line_values: bool = False) -> None:
         sys.stdout.write("{\n" + ",\n".join(items) + "\n}\n")
         return
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+# --backend's help, the same on run, chat, serve and eval
+BACKEND_HELP = ("auto (TensorRT when the engine can run here, else PyTorch on a CUDA GPU, else the onnxruntime twin), "
+                "tensorrt, torch (on a CPU too, in float32) or onnxruntime.")

@@ -25,6 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from engine_builder.cli.console import BACKEND_HELP
 from engine_builder.eval.text import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -44,8 +45,7 @@ def eval_command(
     context: Annotated[int | None, typer.Option(help=f"Window length in tokens (default {DEFAULT_CONTEXT}, "
                                                      "capped by the engines' max_seq_len). Longer windows "
                                                      "give lower perplexity and take longer.")] = None,
-    backend: Annotated[str, typer.Option(help="auto (TensorRT when the engine can run here, else the "
-                                              "onnxruntime twin), tensorrt or onnxruntime.")] = "auto",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: ppl, kl, top1_agreement, "
                                                          "tokens, windows, context, text, backend, reference "
                                                          "{path, ppl}, seconds.")] = False,

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from engine_builder.cli.console import BACKEND_HELP
+
 from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import InputError
 
@@ -41,8 +43,7 @@ def run(
     num_beams: Annotated[int | None, typer.Option(help="Beam search with this many beams (1 = off; "
                                                        "not streamed).")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string; repeat for several.")] = None,
-    backend: Annotated[str, typer.Option(help="auto (TensorRT when the engine can run here, else "
-                                              "onnxruntime), tensorrt or onnxruntime.")] = "auto",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, token_ids, finish_reason, "
                                                          "backend, timings) instead of streaming.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against "

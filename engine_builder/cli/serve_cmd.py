@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from engine_builder.cli.console import BACKEND_HELP
+
 from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
@@ -50,8 +52,7 @@ def serve(
                                                      "/health and /metrics stay open.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model's name in the OpenAI API (`model`, "
                                                         "/v1/models). Default: the engine dir's name.")] = None,
-    backend: Annotated[str, typer.Option(help="auto (TensorRT when the engine can run here, else "
-                                              "onnxruntime), tensorrt or onnxruntime.")] = "auto",
+    backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
     threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads (default: the physical "
                                                      "cores).")] = None,
     prefix_cache: Annotated[bool, typer.Option(help="Reuse the KV of earlier prompts' and answers' full 16-token "

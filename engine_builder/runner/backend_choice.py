@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_builder.runner import ort_backend, ort_paged, trt_backend, trt_paged  # noqa: F401  (each registers its backend)
-from engine_builder.runner.torch_backend import backend as torch_backend  # noqa: F401  (registers "torch", no torch import)
+from engine_builder.runner.torch_backend import registered as torch_backend  # noqa: F401  (registers "torch", no torch import)
 from engine_builder.runner.backend import Backend, registered_backends
 from engine_builder.runner.engine import EngineDir
 from engine_builder.util.errors import InputError, UnsupportedError

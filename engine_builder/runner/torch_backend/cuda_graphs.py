@@ -13,16 +13,25 @@ starts, block tables): a step is one host-to-device copy from a pinned staging b
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from engine_builder.formats.graph_io import PagedKVLayout
 from engine_builder.runner.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
 
-if TYPE_CHECKING:
-    from engine_builder.runner.torch_backend.backend import TorchBackend
+
+class StepModel(Protocol):
+    """What a graph captures: runtime.py's TorchRuntime."""
+
+    device: torch.device
+    layout: PagedKVLayout
+    kv: PagedKVCacheManager
+
+    def run_model(self, *args: Any, max_query_len: int) -> torch.Tensor: ...
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -35,7 +44,7 @@ def buckets(max_batch: int) -> list[int]:
 class _Graph:
     """One captured decode step of `size` rows."""
 
-    def __init__(self, backend: TorchBackend, size: int, pool) -> None:
+    def __init__(self, backend: StepModel, size: int, pool) -> None:
         self.size = size
         width = backend.layout.max_blocks_per_seq
         self.width = width
@@ -86,7 +95,7 @@ class _Graph:
 class DecodeGraphs:
     """The captured decode steps of one backend, each captured on first use of its bucket."""
 
-    def __init__(self, backend: TorchBackend) -> None:
+    def __init__(self, backend: StepModel) -> None:
         self.backend = backend
         self.sizes = buckets(backend.kv.batch_slots)
         self._graphs: dict[int, _Graph] = {}

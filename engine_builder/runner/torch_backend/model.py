@@ -29,7 +29,7 @@ from engine_builder.formats.checkpoint import expected_shapes
 from engine_builder.formats.model_config import LayerType, ModelConfig
 from engine_builder.formats.quantization import Quantization
 from engine_builder.formats.rope_frequencies import rope_frequencies
-from engine_builder.runner.torch_backend.attention import paged_attention_ref, write_kv
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, write_kv
 from engine_builder.runner.torch_backend.checkpoint_tensors import (
     check_quantization,
     expect,
@@ -52,7 +52,7 @@ class AttentionFn(Protocol):
 
 @dataclass(frozen=True)
 class PagedKV:
-    """One step's KV: the pools of every layer and where this step's sequences are in them (attention.py).
+    """One step's KV: the pools of every layer and where this step's sequences are in them (device_kv_attention.py).
     All on the decoder's device (paged_attention_ref also takes query_start and context_lens on the host)."""
 
     k_pools: Sequence[torch.Tensor]  # per layer [num_blocks, block_size, kv_heads, head_dim]

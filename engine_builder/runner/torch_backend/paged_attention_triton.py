@@ -1,6 +1,6 @@
-"""Paged attention as a Triton kernel: attention.py's paged_attention_ref, reading the block table on the GPU.
+"""Paged attention as a Triton kernel: device_kv_attention.py's paged_attention_ref, reading the block table on the GPU.
 
-Same contract as the reference (attention.py's docstring): a flat batch, sequence i's queries
+Same contract as the reference (device_kv_attention.py's docstring): a flat batch, sequence i's queries
 q[query_start[i]:query_start[i + 1]] are the last positions of the context_lens[i] it holds, causal, within
 sliding_window when given, soft-cap before the mask, scores and softmax in float32, output in q's dtype.
 
@@ -142,7 +142,8 @@ def _paged_attention_kernel(
     o = acc / l_safe[:, None]
     o_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        part = (split * num_tokens + tok) * (KV_HEADS * GROUP) + head  # [BLOCK_M] into [splits, tokens, heads]
+        # [BLOCK_M] into [splits, tokens, heads]; int64, as the forced splits of a long prefill can pass 2^31
+        part = (split * num_tokens + tok).to(tl.int64) * (KV_HEADS * GROUP) + head
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=o_mask)
         tl.store(part_lse_ptr + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)), mask=row_ok)
     else:
@@ -163,8 +164,11 @@ def _combine_splits_kernel(
     offs_s = tl.arange(0, SPLITS_PAD)
     s_ok = offs_s < num_splits
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
-    part = (offs_s * num_tokens + tok) * HEADS + head  # [SPLITS_PAD]
+    if HEAD_DIM_PAD == HEAD_DIM:
+        d_ok = tl.full([HEAD_DIM_PAD], 1, tl.int1)
+    else:
+        d_ok = offs_d < HEAD_DIM
+    part = (offs_s * num_tokens + tok).to(tl.int64) * HEADS + head  # [SPLITS_PAD]
     lse = tl.load(part_lse_ptr + part, mask=s_ok, other=float("-inf"))  # [SPLITS_PAD] log2 units
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
@@ -221,6 +225,25 @@ def choose_splits(programs: int, max_kv_tiles: int, sms: int) -> int:
     return max(1, min(want, max_kv_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
 
 
+@dataclass(frozen=True)
+class Plan:
+    tile: Tile
+    q_tiles: int  # grid axis 1: ceil(max_query_len / BLOCK_Q)
+    num_splits: int  # grid axis 2
+
+
+def launch_plan(num_seqs: int, kv_heads: int, group: int, head_dim: int, element_size: int, block_size: int,
+                table_width: int, max_query_len: int, max_context_len: int | None = None,
+                num_splits: int | None = None, sms: int = DEFAULT_SMS) -> Plan:
+    """The launch paged_attention_triton makes, from host ints only (benchmarks read it too)."""
+    tile = choose_tile(group, head_dim, max_query_len, element_size)
+    q_tiles = -(-max_query_len // tile.block_q)
+    if num_splits is None:
+        bound = max_context_len if max_context_len is not None else table_width * block_size
+        num_splits = choose_splits(num_seqs * kv_heads * q_tiles, -(-bound // tile.block_n), sms)
+    return Plan(tile=tile, q_tiles=q_tiles, num_splits=num_splits)
+
+
 def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float,
                            softcap: float | None = None, sliding_window: int | None = None, max_query_len: int,
@@ -255,11 +278,9 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         return out
 
     group = heads // kv_heads
-    tile = choose_tile(group, head_dim, max_query_len, k_pool.element_size())
-    q_tiles = -(-max_query_len // tile.block_q)
-    if num_splits is None:
-        bound = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
-        num_splits = choose_splits(num_seqs * kv_heads * q_tiles, -(-bound // tile.block_n), _sm_count(q.device))
+    plan = launch_plan(num_seqs, kv_heads, group, head_dim, k_pool.element_size(), block_size, block_tables.shape[1],
+                       max_query_len, max_context_len, num_splits, _sm_count(q.device))
+    tile, q_tiles, num_splits = plan.tile, plan.q_tiles, plan.num_splits
     split = num_splits > 1
     if split:
         part_out = torch.empty((num_splits, tokens, heads, head_dim), dtype=torch.float32, device=q.device)
@@ -278,10 +299,11 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision, num_warps=tile.num_warps,
         num_stages=tile.num_stages)
     if split:
+        splits_pad = max(2, triton.next_power_of_2(num_splits))
         _combine_splits_kernel[(tokens, heads)](
             part_out, part_lse, out, query_start, num_seqs, num_splits, tokens, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=tile.head_dim_pad,
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
+            SPLITS_PAD=splits_pad, num_warps=max(1, min(4, splits_pad * tile.head_dim_pad // 1024)))
     return out
 
 
@@ -294,11 +316,13 @@ def kv_bytes_read(context_lens: list[int], kv_heads: int, head_dim: int, element
 def patch_triton_interpreter() -> None:
     """Make Triton's interpreter (TRITON_INTERPRET=1: the CPU checks, nothing else) run these kernels as the GPU does.
 
-    Two gaps of its runtime/interpreter.py (triton 3.6, unchanged in 3.9): it stores bfloat16 as the uint16 bits
-    and create_dot hands those to np.matmul as integers (garbage), so bf16 operands are upcast first, exactly
-    (bf16 is the top half of a float32), which is what the tensor cores read; and a scalar it loads is a
-    one-element 1-d array, which `range(lo, hi, step)` turns into an int through int(array), an error since
-    NumPy 2.4, so __index__ takes .item(). Idempotent; no effect on compiled kernels."""
+    Three gaps of its runtime/interpreter.py (triton 3.6, unchanged in 3.9): it stores bfloat16 as the uint16
+    bits and create_dot hands those to np.matmul as integers (garbage), so bf16 operands are upcast first, exactly
+    (bf16 is the top half of a float32), which is what the tensor cores read; its float32 -> bfloat16 cast
+    truncates where the GPU's (cvt.rn) rounds to nearest even, which doubled the CPU checks' bf16 error, so that
+    cast rounds; and a scalar it loads is a one-element 1-d array, which `range(lo, hi, step)` turns into an int
+    through int(array), an error since NumPy 2.4, so __index__ takes .item(). Idempotent; no effect on compiled
+    kernels."""
     import numpy as np
     from triton.runtime import interpreter
 
@@ -315,6 +339,15 @@ def patch_triton_interpreter() -> None:
 
         return original_dot(self, up(a), up(b), d, input_precision, max_num_imprecise_acc)
 
+    original_cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return original_cast(self, src, dst_type)
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        return interpreter.TensorHandle(rounded.astype(np.uint16), tl.bfloat16)
+
     original_patch_tensor = interpreter._patch_lang_tensor
 
     def patch_lang_tensor(tensor, scope):
@@ -323,4 +356,5 @@ def patch_triton_interpreter() -> None:
 
     create_dot._trtbuild_patched = True
     builder.create_dot = create_dot
+    builder.cast_impl = cast_impl
     interpreter._patch_lang_tensor = patch_lang_tensor

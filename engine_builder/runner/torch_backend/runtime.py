@@ -1,7 +1,7 @@
 """The torch backend at work: the checkpoint's weights on a torch device, paged KV in device memory.
 
     forward(batch)   a ModelInput (flat tokens, positions, slots) -> logits [num_logits, vocab] float32, a tensor on
-                     the device: the loop samples them there (sampler.py); only token ids and the logprobs a
+                     the device: the loop samples them there (device_sampler.py); only token ids and the logprobs a
                      request asked for reach the host
     KV               the same PagedKVCacheManager as a paged onnxruntime twin (host_buffers=False: bookkeeping
                      only): block tables, radix prefix reuse by reference, copy-on-write fork; the pools are
@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.runner.backend import Backend
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
-from engine_builder.runner.torch_backend.attention import paged_attention_ref, slot_mapping
-from engine_builder.runner.torch_backend.backend import TorchBackend
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.device import device_memory_budget, torch_device
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.util.errors import InputError
@@ -32,8 +33,20 @@ from engine_builder.util.errors import InputError
 DEFAULT_BLOCK_SIZE = 16
 
 
-class TorchRuntime(TorchBackend):
+class TorchRuntime(Backend):
+    """What registered.py's TorchBackend opens (that module registers it without importing torch)."""
+
+    name: ClassVar[str] = "torch"
+    title: ClassVar[str] = "PyTorch"
     kv: PagedKVCacheManager  # type: ignore[assignment]
+
+    @classmethod
+    def usable(cls, engine: EngineDir) -> tuple[bool, str]:  # the registry asks registered.py's TorchBackend
+        return True, ""
+
+    @classmethod
+    def open(cls, engine: EngineDir, *, threads: int | None = None) -> TorchRuntime:
+        return cls(engine, threads=threads)
 
     def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None,
                  gpu_memory_utilization: float | None = None, cuda_graphs: bool = True) -> None:
@@ -44,7 +57,7 @@ class TorchRuntime(TorchBackend):
         # bf16/fp16 on a GPU as built; float32 on a CPU (no fast half arithmetic there, as the twin)
         self.dtype = getattr(torch, engine.dtype) if self.device.type == "cuda" else torch.float32
         lim = engine.limits
-        # CUDA: the Triton kernel reads the block tables; elsewhere gather + SDPA (attention.py), its oracle
+        # CUDA: the Triton kernel reads the block tables; elsewhere gather + SDPA (device_kv_attention.py), its oracle
         attention = paged_attention_ref
         if self.device.type == "cuda":  # Triton ships with torch's CUDA builds, not with the CPU one
             from engine_builder.runner.torch_backend.paged_attention_triton import paged_attention_triton
@@ -155,7 +168,7 @@ class TorchRuntime(TorchBackend):
         return logits.float().cpu().numpy()
 
     def make_sampler(self, seed: int | None = None) -> Sampler:
-        from engine_builder.runner.torch_backend.sampler import TorchSampler
+        from engine_builder.runner.torch_backend.device_sampler import TorchSampler
 
         return TorchSampler(seed)
 

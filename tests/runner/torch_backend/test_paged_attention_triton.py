@@ -60,7 +60,7 @@ def run_case(spec: dict, seed: int) -> dict:
     import torch
 
     from engine_builder.runner.torch_backend import paged_attention_triton as pat
-    from engine_builder.runner.torch_backend.attention import paged_attention_ref
+    from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref
 
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, spec["dtype"])
@@ -128,7 +128,8 @@ def child_main() -> None:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -33,24 +33,26 @@ from converters.convert import convert
 from converters.quantize.rtn import dequantize_blocked, dequantize_int8
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig, Limits
-from engine_builder.formats.checkpoint import CheckpointConfig, WEIGHTS_FILE
+from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig
 from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.formats.quant_packing import pack_int4, unpack_int4
 from engine_builder.formats.quantization import Quantization
-from engine_builder.runner.torch_backend.attention import paged_attention_ref, slot_mapping
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.checkpoint_tensors import LazySafetensors
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary
 from engine_builder.util.errors import UnsupportedError
 
 BLOCK = 4  # tokens per pool block: a 12-token prompt spans 3 blocks
 PROMPT = 12
 STEPS = 8
-# float32 against transformers: logits agree to float rounding (measured <= 2e-6 at logit scale ~1..6)
+# float32 against transformers, relative to the logits' scale (tiny random models: ~0.5..7): they agree to float
+# rounding (measured: at most 4e-6 absolute, 6e-7 of the scale, over every family and step)
 TOL = 1e-4
 
 # families tiny_models.py lacks, made with its recipe: the MoEs of tests/engine_builder/test_moe.py (8 experts,
-# top-2, router weights spread so tokens pick many experts), and dynamic NTK with a max_position_embeddings
-# short enough to cross
+# top-2, router weights spread so tokens pick many experts), dynamic NTK with a max_position_embeddings short
+# enough to cross, and (make_model) multimodal gemma3, whose vision tower the converter drops
 MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
 OTHER_MODELS: dict[str, tuple[str, str, dict]] = {
     "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM", dict(
@@ -293,6 +295,26 @@ def test_forward_holds_no_host_sync_outside_attention(family):
     assert {c["softcap"] for c in calls} == {spec.logit_softcap}
 
 
+def test_interleaved_rotary_is_rotate_half_with_its_channels_paired():
+    """No converter sets rope.interleaved yet; the GPT-J form must be the rotate-half form with channel i of
+    each half moved to pair (2i, 2i + 1)."""
+    dim, positions = 8, torch.arange(5)
+    halves = RotaryTable(dim, False, *_cos_sin(dim, interleaved=False))
+    pairs = RotaryTable(dim, True, *_cos_sin(dim, interleaved=True))
+    x = torch.randn(5, 3, dim + 4, generator=torch.Generator().manual_seed(0))  # partial: 4 channels pass
+    to_pairs = torch.cat((torch.arange(dim).view(2, -1).T.reshape(-1), torch.arange(dim, dim + 4)))
+    want = apply_rotary(x, *halves.cos_sin(positions, None), halves)[..., to_pairs]
+    got = apply_rotary(x[..., to_pairs], *pairs.cos_sin(positions, None), pairs)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def _cos_sin(dim: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.arange(5).float()[:, None] * inv_freq  # [5, dim / 2]
+    emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
 # -- quantized checkpoints, an engine dir, refusals: one family (llama: GQA, llama3 rope) --
 
 
@@ -316,11 +338,14 @@ def _dequantized(cfg: CheckpointConfig, tensors: dict[str, np.ndarray]) -> dict[
         ql = q.for_linear(prefix)
         scale = tensors[prefix + ".weight_scale"].astype(np.float32)
         if t.dtype == np.int8:
-            w = dequantize_int8(t, scale) if ql.group_size is None else dequantize_blocked(t, scale)
+            w = dequantize_int8(t, scale)  # per channel, or blocked
         else:
             zero = unpack_int4(tensors[prefix + ".weight_zero"], scale.shape[1], signed=False) if ql.zero_point \
                 else None
             w = dequantize_blocked(unpack_int4(t, t.shape[1] * 2, signed=not ql.zero_point), scale, zero)
+            if prefix + ".weight_offset" in tensors:  # gguf: + offset per block
+                offset = tensors[prefix + ".weight_offset"].astype(np.float32)  # [out, blocks]
+                w = w + np.repeat(offset, w.shape[1] // offset.shape[1], axis=1)
         out[name] = torch.from_numpy(np.asarray(w, np.float32))
     return out
 
@@ -345,29 +370,41 @@ def test_weight_only_quantized_checkpoint_equals_its_dequantized_weights(llama, 
     assert float((got - float_logits).abs().max()) > 1e-4  # the quantized weights were used, not float ones
 
 
-def test_zero_point_int4_equals_its_dequantized_weights(llama):
-    """The asymmetric uint4 + zeros layout of ingested awq / gptq checkpoints (FORMAT.md), made here in numpy:
-    per group of 32, q = round(w / scale) + zero in 0..15, zeros packed per row."""
+def _ingested_int4(w: np.ndarray, scheme: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """w [out, in] in groups of 32 as FORMAT.md stores an ingested scheme, in numpy. awq: asymmetric, q in 0..15
+    around a per-group zero (packed per row); gguf: signed q in -8..7, w = q * scale + offset."""
+    out, inp = w.shape
+    groups = w.reshape(out, inp // 32, 32)
+    lo, hi = groups.min(axis=2), groups.max(axis=2)
+    if scheme == "awq":
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+        scale = ((hi - lo) / 15).astype(np.float32)
+        zero = np.clip(np.rint(-lo / scale) + rng.integers(-1, 2, scale.shape), 0, 15).astype(np.uint8)
+        q = np.clip(np.rint(groups / scale[:, :, None]) + zero[:, :, None], 0, 15)
+        return {".weight": pack_int4(q.reshape(out, inp)), ".weight_scale": scale, ".weight_zero": pack_int4(zero)}
+    scale = ((hi - lo) / 15).astype(np.float32)
+    offset = (lo + 8 * scale).astype(np.float32)
+    q = np.clip(np.rint((groups - offset[:, :, None]) / scale[:, :, None]), -8, 7)
+    return {".weight": pack_int4(q.reshape(out, inp)), ".weight_scale": scale, ".weight_offset": offset}
+
+
+@pytest.mark.parametrize("scheme", ["awq", "gguf"])
+def test_ingested_int4_layouts_equal_their_dequantized_weights(llama, scheme):
+    """The layouts `convert` only ingests (awq / gptq checkpoints' uint4 + zeros, a GGUF's Q4_1 blocks with
+    offsets), made here in numpy for three linears."""
     _, ckpt = llama
     cfg = CheckpointConfig.load(ckpt)
-    stored = {k: LazySafetensors(ckpt / WEIGHTS_FILE)[k].numpy() for k in LazySafetensors(ckpt / WEIGHTS_FILE)}
+    file = LazySafetensors(ckpt / WEIGHTS_FILE)
+    stored = {name: file[name].numpy() for name in file}
     prefixes = ("layers.0.attn.qkv", "layers.1.mlp.gate_up", "layers.1.mlp.down")
     rng = np.random.default_rng(0)
     for p in prefixes:
-        w = stored.pop(p + ".weight")
-        out, inp = w.shape
-        groups = w.reshape(out, inp // 32, 32)
-        lo, hi = np.minimum(groups.min(axis=2), 0), np.maximum(groups.max(axis=2), 0)
-        scale = ((hi - lo) / 15).astype(np.float32)
-        zero = np.clip(np.rint(-lo / scale) + rng.integers(-1, 2, scale.shape), 0, 15).astype(np.uint8)
-        q = np.clip(np.rint(groups / scale[:, :, None]) + zero[:, :, None], 0, 15).astype(np.uint8)
-        stored |= {p + ".weight": pack_int4(q.reshape(out, inp)), p + ".weight_scale": scale,
-                   p + ".weight_zero": pack_int4(zero)}
-    quant = Quantization(scheme="awq", weight_bits=4, group_size=32, zero_point=True, quantized=prefixes)
-    qcfg = dataclasses.replace(cfg, quantization=quant)
+        stored |= {p + suffix: t for suffix, t in _ingested_int4(stored.pop(p + ".weight"), scheme, rng).items()}
+    quant = Quantization(scheme=scheme, weight_bits=4, group_size=32, zero_point=scheme == "awq", quantized=prefixes)
     got = _logits(TorchDecoder(cfg.model, {k: torch.from_numpy(v) for k, v in stored.items()}, device="cpu",
                                dtype=torch.float32, quantization=quant))
-    want = _logits(TorchDecoder(cfg.model, _dequantized(qcfg, stored), device="cpu", dtype=torch.float32))
+    twin = _dequantized(dataclasses.replace(cfg, quantization=quant), stored)
+    want = _logits(TorchDecoder(cfg.model, twin, device="cpu", dtype=torch.float32))
     assert float((got - want).abs().max()) <= 1e-5 * scale_of(want)
 
 

@@ -17,17 +17,19 @@ penalties, then for sampling rows temperature, top_k, top_p, min_p (logits_proce
 rules, mirrored op for op) and the inverse-CDF draw; greedy rows take the argmax. Logprobs are raw by default,
 processed with logprobs_mode="processed", as there.
 
-Seeded reproducibility: the uniform of each sampling row comes from the same numpy generator, in the same
-order, as Sampler's (the row's own for a seeded request, else the sampler's), drawn on the host; only the
-search through the CDF runs on the device. Up to the draw, the values are bit-identical to Sampler.process
-(bias, mask, penalties and temperature are single IEEE float32 operations; top_k is a selection). The CDF is
-not: numpy's float32 cumsum is sequential and drifts from the exact sum by up to vocab * 2^-24 of the total
-(median 1.7e-4 at 128k vocab), where torch's (a double accumulator on the CPU, a parallel scan on a GPU) stays
-within ~1e-7 -- this side is the exact one. Where a token's mass is below that drift (flat distributions at
-large vocab) a seeded draw can land on a neighbour of numpy's token: measured at 128k vocab, logits of std 3,
-top-1 probability 0.07, 27% of draws; at std 6 (top-1 0.44) 0.8%; at 1000 vocab 0.02%. exp's last bits differ
-too, far below that. top_p / min_p cuts within rounding of their threshold can flip likewise (never seen in
-60000 rows). tests/runner/torch_backend/test_torch_sampler.py accepts a difference only as such a near-tie.
+Seeded reproducibility: the uniform of each sampling row comes from the same numpy generator, in the same order,
+as Sampler's (the row's own for a seeded request, else the sampler's), drawn on the host; only the search
+through the CDF runs on the device. Up to the draw, the values are bit-identical to Sampler.process (bias, mask,
+penalties and temperature are single IEEE float32 operations; top_k is a selection). The CDF is not: numpy's
+float32 cumsum is sequential and drifts from the exact sum by up to vocab * 2^-24 of the total (1.7e-4 of it,
+median, at 128k vocab), where torch's stays close: 2e-8 measured on the CPU (a double accumulator); a GPU's
+float32 scan (a tree within blocks, a carry across them) has vocab / block_size roundings in sequence where
+numpy has vocab, so this side is the more exact one there too (not measured here: no GPU). Where a token's mass
+is below that drift (flat distributions at large vocab) a seeded draw can land on a neighbour of numpy's token:
+measured at 128k vocab, logits of std 3, top-1 probability 0.07, 27% of draws (each one numpy's drift); at std 6
+(top-1 0.44) 0.8%; at 1000 vocab 0.02%. exp's last bits differ too, far below that. top_p / min_p cuts within
+rounding of their threshold can flip likewise (never seen in 60000 rows).
+tests/runner/torch_backend/test_torch_sampler.py accepts a difference only as such a near-tie.
 
 TorchSampler is a Sampler: numpy logits (the speculative verifier's host copies) take the numpy path, with
 the same generator, so one sampler serves a torch backend's whole loop.
@@ -195,6 +197,8 @@ def _process(logits: torch.Tensor, dev: dict[str, torch.Tensor], host: _HostInpu
     flat = x.view(-1)  # [batch * vocab]; the flat indices address it
     params = dev["params"]  # [batch, 6]
 
+    if a["bias_idx"].size:
+        flat[dev["bias_idx"]] += dev["bias_val"]  # ids are distinct per row (a dict's keys)
     if a["grammar_rows"].size:
         rows = dev["grammar_rows"]
         x[rows] = x[rows].masked_fill(~_unpack_bits(dev["grammar_bits"], vocab), NEG_INF)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The torch backend on the lent GPU machine (one H200): the GPU test subset, the paged-attention kernel
+# benchmark and the decode benchmarks against HF transformers, logs under $OUT (benchmarks/results/ once
+# fetched). Run from the repository root: `bash benchmarks/gpu_run.sh [tests|kernel|smollm2|8b ...]` (all parts
+# by default; a device call is at most 10 minutes, so split them across calls). The machine's torch 2.11 +
+# CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance, gguf, onnxruntime>=1.31)
+# sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go to /tmp/site first.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-build/gpu-run}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+PARTS=${*:-tests kernel smollm2 8b}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton, transformers, onnxruntime; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"triton", triton.__version__, "transformers", transformers.__version__, "onnxruntime", onnxruntime.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+for part in $PARTS; do
+  case $part in
+    tests)  # the torch backend's tests on CUDA (the SmolLM2 GGUF, 98 MB, does not travel: its tests stay on CPU)
+      TRTBUILD_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -p no:cacheprovider tests/runner/torch_backend \
+        -k "not smollm2" -rfE 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt" ;;
+    kernel)
+      timeout 300 python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
+        | tail -60 | tee "$OUT/paged-attention.txt" ;;
+    smollm2)
+      timeout 420 python3 benchmarks/gpu_decode.py --shapes smollm2 --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
+        | tail -60 | tee "$OUT/gpu-decode-smollm2.txt" ;;
+    8b)
+      timeout 560 python3 benchmarks/gpu_decode.py --shapes llama3-8b --json "$OUT/gpu-decode-8b.json" 2>&1 \
+        | tail -60 | tee "$OUT/gpu-decode-8b.txt" ;;
+  esac
+done
+ls "$OUT"
