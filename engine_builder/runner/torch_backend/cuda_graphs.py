@@ -41,55 +41,58 @@ def buckets(max_batch: int) -> list[int]:
     return sorted({*[b for b in out if b <= max_batch], max_batch})
 
 
+class DecodeInputs:
+    """The static inputs of a decode step of `size` rows, packed in one int64 device buffer, and their host
+    staging buffer (pinned on CUDA): fill() writes a batch and its padding there, one copy moves it."""
+
+    def __init__(self, device: torch.device, size: int, width: int) -> None:
+        self.size, self.width = size, width
+        n = size * (4 + width) + 1
+        self.buffer = torch.zeros(n, dtype=torch.int64, device=device)
+        self.staging = torch.zeros(n, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.host = self.staging.numpy()
+        b = self.buffer
+        self.ids, self.positions, self.context_lens = b[:size], b[size:2 * size], b[2 * size:3 * size]
+        self.query_start = b[3 * size:4 * size + 1]
+        self.tables = b[4 * size + 1:].view(size, width)
+        self.rows = torch.arange(size, device=device)  # each row's token is its sequence's, and its logits' index
+
+    def fill(self, batch: ModelInput, tables: np.ndarray) -> None:
+        """Batch's n sequences in rows 0..n-1 (tables [n, width]), padding past them; then the copy (async on
+        CUDA: the sampler's read of the step's token ids waits for it before the next fill)."""
+        n, s, h = batch.num_seqs, self.size, self.host
+        h[:n], h[n:s] = batch.token_ids, 0
+        h[s:s + n], h[s + n:2 * s] = batch.positions, 0
+        h[2 * s:2 * s + n], h[2 * s + n:3 * s] = batch.context_lens, 0  # padding rows attend to nothing
+        h[3 * s:3 * s + n + 1], h[3 * s + n + 1:4 * s + 1] = batch.query_start, n  # and have no queries
+        h[4 * s + 1:4 * s + 1 + n * self.width].reshape(n, self.width)[:] = tables
+        h[4 * s + 1 + n * self.width:] = SCRATCH_BLOCK  # their keys and values land in the scratch block
+        self.buffer.copy_(self.staging, non_blocking=True)
+
+    def step(self, backend: StepModel) -> torch.Tensor:
+        """The model over these inputs: logits [size, vocab]."""
+        return backend.run_model(self.ids, self.positions, self.tables.to(torch.int32), self.context_lens,
+                                 self.query_start, self.rows, self.rows, max_query_len=1)
+
+
 class _Graph:
     """One captured decode step of `size` rows."""
 
     def __init__(self, backend: StepModel, size: int, pool) -> None:
-        self.size = size
-        width = backend.layout.max_blocks_per_seq
-        self.width = width
-        n = size * (4 + width) + 1
-        dev = backend.device
-        self.buffer = torch.zeros(n, dtype=torch.int64, device=dev)  # the step's inputs, packed
-        self.staging = torch.zeros(n, dtype=torch.int64, pin_memory=True)
-        self.host = self.staging.numpy()
-        b = self.buffer
-        ids, pos, ctx = b[:size], b[size:2 * size], b[2 * size:3 * size]
-        query_start = b[3 * size:4 * size + 1]
-        tables = b[4 * size + 1:].view(size, width)
-        rows = torch.arange(size, device=dev)
-        self._fill_padding(0)
-        self.buffer.copy_(self.staging)
-
-        def step() -> torch.Tensor:
-            return backend.run_model(ids, pos, tables.to(torch.int32), ctx, query_start, rows, rows, max_query_len=1)
-
+        self.inputs = DecodeInputs(backend.device, size, backend.layout.max_blocks_per_seq)
+        empty = ModelInput.decode(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self.inputs.fill(empty, np.zeros((0, self.inputs.width), np.int64))  # all padding: writes hit scratch
         for _ in range(2):  # compile the kernels (Triton's first launch) and settle cuBLAS's workspaces
-            step()
-        torch.cuda.synchronize(dev)
+            self.inputs.step(backend)
+        torch.cuda.synchronize(backend.device)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = step()  # [size, vocab]: valid until the next replay
-
-    def _fill_padding(self, n: int) -> None:
-        s, h = self.size, self.host
-        h[n:s] = 0  # ids
-        h[s + n:2 * s] = 0  # positions
-        h[2 * s + n:3 * s] = 0  # context lengths: padding rows attend to nothing
-        h[3 * s + n:4 * s + 1] = n  # query starts: no queries past row n
-        h[4 * s + 1 + n * self.width:] = SCRATCH_BLOCK
+            self.logits = self.inputs.step(backend)  # [size, vocab]: valid until the next replay
 
     def run(self, batch: ModelInput, tables: np.ndarray) -> torch.Tensor:
-        n, s, h = batch.num_seqs, self.size, self.host
-        h[:n] = batch.token_ids
-        h[s:s + n] = batch.positions
-        h[2 * s:2 * s + n] = batch.context_lens
-        h[3 * s:3 * s + n + 1] = batch.query_start
-        h[4 * s + 1:4 * s + 1 + n * self.width].reshape(n, self.width)[:] = tables
-        self._fill_padding(n)
-        self.buffer.copy_(self.staging, non_blocking=True)
+        self.inputs.fill(batch, tables)
         self.graph.replay()
-        return self.logits[:n]
+        return self.logits[:batch.num_seqs]
 
 
 class DecodeGraphs:

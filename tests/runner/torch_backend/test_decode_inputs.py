@@ -1,0 +1,58 @@
+"""A CUDA graph's decode step, without the capture: the padded bucket's static inputs (cuda_graphs.DecodeInputs)
+give each real row the logits an eager step gives it, and the padding rows write only the scratch block. The
+capture and replay themselves need a GPU (benchmarks/gpu_run.sh runs this file's neighbours there)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_builder.formats.build_config import Limits
+from engine_builder.runner.block_pool import SCRATCH_BLOCK
+from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.torch_backend.cuda_graphs import DecodeInputs, buckets
+from engine_builder.runner.torch_backend.runtime import TorchRuntime
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_engine):
+    engine, _ = tiny_engine("llama", Limits(max_batch=4, max_input_len=32, max_seq_len=96))
+    b = TorchRuntime(EngineDir.load(engine), kv_cache_memory=1 << 22)
+    yield b
+    b.close()
+
+
+def prefill(backend: TorchRuntime, rid: int, prompt: list[int]) -> int:
+    slot = backend.kv.allocate(rid, len(prompt), 8)
+    ids = np.asarray([prompt], np.int64)
+    backend.forward(ModelInput.rows(slot, ids, backend.kv.lengths[slot:slot + 1]))
+    backend.kv.advance(slot, len(prompt))
+    return slot
+
+
+def test_a_padded_bucket_gives_the_eager_logits_and_pads_write_only_scratch(backend):
+    slots = np.array([prefill(backend, 0, [1, 5, 9, 33, 7]), prefill(backend, 1, [1, 8, *range(20, 40)])])
+    batch = ModelInput.decode(slots, np.array([11, 12]), backend.kv.lengths[slots])
+    backend.kv.prepare_writes(batch.slots, batch.query_lens)
+    eager = backend.forward(batch).clone()  # [2, vocab]
+    scratch = [k[SCRATCH_BLOCK].clone() for k in backend.keys]
+    for k in backend.keys:
+        k[SCRATCH_BLOCK] = float("nan")  # a pad row writing anywhere but scratch would leave NaN elsewhere
+    inputs = DecodeInputs(backend.device, 4, backend.layout.max_blocks_per_seq)
+    inputs.fill(batch, backend.kv.block_table[slots])
+    padded = inputs.step(backend)  # [4, vocab]: the same step again, rows 2 and 3 padding
+    torch.testing.assert_close(padded[:2], eager, rtol=0, atol=1e-5)
+    assert not torch.isnan(padded[:2]).any()
+    used = {int(b) for b in backend.kv.block_table[slots].reshape(-1)} - {SCRATCH_BLOCK}
+    for k, kept in zip(backend.keys, scratch):
+        assert not torch.isnan(k[sorted(used)]).any()  # the real rows' blocks hold no pad write
+        k[SCRATCH_BLOCK] = kept
+    for s in slots:
+        backend.kv.free(int(s))
+
+
+def test_buckets_cover_every_batch_size():
+    assert buckets(1) == [1] and buckets(4) == [1, 2, 4] and buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert buckets(256)[-4:] == [160, 192, 224, 256] and 64 in buckets(256) and 96 in buckets(256)
