@@ -39,6 +39,7 @@ MIN_TILES_PER_SPLIT = 2
 # programs per multiprocessor the split choice aims for: two resident programs keep loads in flight while a third
 # wave would only add partial traffic (benchmarks/gpu_paged_attention.py's split sweep measures the choice)
 PROGRAMS_PER_SM = 2
+LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one instruction (MUFU.EX2), exp is two
 
 
 @triton.jit
@@ -51,7 +52,7 @@ def _paged_attention_kernel(
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         SPLIT: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    seq_head = tl.program_id(0)  # the long grid axis (2^31 programs): sequences x kv heads
+    seq_head = tl.program_id(0)  # sequences x kv heads on the long grid axis (2^31 - 1; the others stop at 65535)
     q_tile = tl.program_id(1)
     split = tl.program_id(2)
     seq = seq_head // KV_HEADS
@@ -100,7 +101,7 @@ def _paged_attention_kernel(
     if SOFTCAP:
         qk_scale = scale / softcap
     else:
-        qk_scale = scale * 1.4426950408889634  # scores in log2 units: exp2 is one instruction
+        qk_scale = scale * LOG2E
     # -1e30, not -inf: a row that sees nothing yet keeps exp2(m_i - m_new) finite (1, not NaN)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -119,9 +120,9 @@ def _paged_attention_kernel(
         if SOFTCAP:
             # cap * tanh(scale * s / cap), in log2 units; tanh from exp2 of a non-positive argument (no overflow)
             x = s * qk_scale
-            e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+            e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
             t = (1.0 - e) / (1.0 + e)
-            s = tl.where(x < 0, -t, t) * (softcap * 1.4426950408889634)
+            s = tl.where(x < 0, -t, t) * (softcap * LOG2E)
         else:
             s = s * qk_scale
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
