@@ -41,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 SHAPES = {
+    # a smoke run of this script on a CPU (no GPU): `--shapes tiny --skip hf --batch 1 4 --serve 8`
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5,
+                 max_position_embeddings=4096),
     "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
                     rope_theta=100000.0, rms_norm_eps=1e-5, max_position_embeddings=8192),
@@ -54,7 +58,17 @@ def log(*args) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def environment() -> dict:
+    if DEVICE != "cuda":
+        return {"gpu": None, "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     import transformers
@@ -66,10 +80,16 @@ def environment() -> dict:
 
 
 def cuda_ms(fn, runs: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of fn() between CUDA events."""
+    """Median milliseconds of fn() between CUDA events (host clock on a CPU)."""
     for _ in range(warmup):
         fn()
     times = []
+    if DEVICE != "cuda":
+        for _ in range(runs):
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+        return statistics.median(times)
     for _ in range(runs):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -81,6 +101,8 @@ def cuda_ms(fn, runs: int = 20, warmup: int = 3) -> float:
 
 
 def limits() -> dict:
+    if DEVICE != "cuda":
+        return {"copy_tb_s": float("nan"), "bf16_matmul_tflops": float("nan")}
     src = torch.randn(1 << 30, dtype=torch.bfloat16, device="cuda")  # 2 GiB, far past the 60 MB L2
     dst = torch.empty_like(src)
     ms = cuda_ms(lambda: dst.copy_(src))
@@ -113,7 +135,7 @@ def write_hf_dir(shape: str, out: Path, seed: int = 0) -> Path:
         names = {k: v.shape for k, v in transformers.LlamaForCausalLM(cfg).state_dict().items()}
     if cfg.tie_word_embeddings:
         names.pop("lm_head.weight", None)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
     shard, shard_bytes, index, n = {}, 0, {}, 0
 
     def flush() -> None:
@@ -126,9 +148,9 @@ def write_hf_dir(shape: str, out: Path, seed: int = 0) -> Path:
 
     for name, dims in names.items():
         if name.endswith("norm.weight"):  # around 1, as trained norms are
-            t = 1 + 0.1 * torch.randn(dims, generator=gen, device="cuda")
+            t = 1 + 0.1 * torch.randn(dims, generator=gen, device=DEVICE)
         else:
-            t = 0.02 * torch.randn(dims, generator=gen, device="cuda")
+            t = 0.02 * torch.randn(dims, generator=gen, device=DEVICE)
         shard[name] = t.to(torch.bfloat16).cpu()
         shard_bytes += shard[name].numel() * 2
         if shard_bytes > 4 << 30:
@@ -189,7 +211,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
 
     def timed(ids, new_tokens) -> tuple[float, list]:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         res = llm.generate(prompt_token_ids=ids, params=params)
         return time.perf_counter() - t, res
@@ -200,7 +222,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
         walls = [timed(ids, args.new_tokens)[0] for _ in range(args.runs)]
         wall = statistics.median(walls)
         out[f"decode_b{batch}_tok_s"] = round(batch * args.new_tokens / wall, 1)
-        out[f"decode_b{batch}_runner_decode_tok_s"] = round(llm.last_timings().decode_tok_s, 1)
+        out[f"decode_b{batch}_runner_decode_tok_s"] = round(llm.last_timings.decode_tok_s, 1)
         log(f"ours b{batch}: {out[f'decode_b{batch}_tok_s']} tok/s (walls {[round(w, 3) for w in walls]})")
     long = prompts(vocab, 6, 1024, seed=7)
     timed(long[:1], 1)
@@ -222,30 +244,31 @@ def ours(engine: Path, args, vocab: int) -> dict:
     llm.close()
     del llm
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
 def hf(hf_dir: Path, args, vocab: int) -> dict:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).cuda().eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).to(DEVICE).eval()
     out: dict = {}
 
     def run(ids, static: bool) -> float:
-        x = torch.tensor(ids, device="cuda")
+        x = torch.tensor(ids, device=DEVICE)
         kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                   attention_mask=torch.ones_like(x))
         if static:
             kw["cache_implementation"] = "static"
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         with torch.inference_mode():
             model.generate(x, **kw)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t
 
-    for mode in ("eager", "static"):
+    for mode in ("eager", "static") if "hf-static" not in args.skip else ("eager",):
         for batch in args.batch:
             if mode == "eager" and batch > 1 and "hf-eager-batch" in args.skip:
                 continue
@@ -256,12 +279,13 @@ def hf(hf_dir: Path, args, vocab: int) -> dict:
             wall = statistics.median(run(ids, mode == "static") for _ in range(args.runs))
             out[f"{mode}_b{batch}_tok_s"] = round(batch * args.new_tokens / wall, 1)
             log(f"hf {mode} b{batch}: {out[f'{mode}_b{batch}_tok_s']} tok/s (warm-up {warm:.1f} s)")
-    x = torch.tensor(prompts(vocab, 1, 1024, seed=7), device="cuda")
+    x = torch.tensor(prompts(vocab, 1, 1024, seed=7), device=DEVICE)
     with torch.inference_mode():
         out["prefill_1024_ms"] = round(cuda_ms(lambda: model(x), runs=5), 2)
     del model
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -272,7 +296,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--serve", type=int, default=256, help="concurrent 128/128 requests (0: skip)")
-    ap.add_argument("--skip", nargs="*", default=[], help="hf, ours, hf-eager-batch")
+    ap.add_argument("--skip", nargs="*", default=[], help="hf, ours, hf-eager-batch, hf-static")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

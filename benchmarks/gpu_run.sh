@@ -5,6 +5,9 @@
 # by default; a device call is at most 10 minutes, so split them across calls). The machine's torch 2.11 +
 # CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance, gguf, onnxruntime>=1.31)
 # sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go to /tmp/site first.
+# TRTBUILD_MEMORY_GB: the host-RAM plan is the CPU twin's (formats/memory_plan.py); the torch backend's KV and
+# activations live on the GPU, and Firecracker's MemTotal starts far below the machine's 128 GiB
+export TRTBUILD_MEMORY_GB=${TRTBUILD_MEMORY_GB:-2000}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-build/gpu-run}
 mkdir -p "$OUT"
@@ -23,16 +26,16 @@ PARTS=${*:-tests kernel smollm2 8b}
 for part in $PARTS; do
   case $part in
     tests)  # the torch backend's tests on CUDA (the SmolLM2 GGUF, 98 MB, does not travel: its tests stay on CPU)
-      TRTBUILD_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -p no:cacheprovider tests/runner/torch_backend \
+      TRTBUILD_TEST_DEVICE=cuda timeout ${TESTS_S:-180} python3 -m pytest -q -p no:cacheprovider tests/runner/torch_backend \
         -k "not smollm2" -rfE 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt" ;;
     kernel)
-      timeout 300 python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
+      timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;
     smollm2)
-      timeout 420 python3 benchmarks/gpu_decode.py --shapes smollm2 --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
+      timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-smollm2.txt" ;;
     8b)
-      timeout 560 python3 benchmarks/gpu_decode.py --shapes llama3-8b --json "$OUT/gpu-decode-8b.json" 2>&1 \
+      timeout ${LLAMA8B_S:-560} python3 benchmarks/gpu_decode.py --shapes llama3-8b --json "$OUT/gpu-decode-8b.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-8b.txt" ;;
   esac
 done
