@@ -208,6 +208,8 @@ def ours(engine: Path, args, vocab: int) -> dict:
     if graphs is not None:
         out["cuda_graph_capture_s"] = round(graphs.capture_all(), 2)
         out["cuda_graph_buckets"] = graphs.sizes
+    if llm.backend.compiled is not None:  # compiled during the captures' warm-up (or the first steps)
+        out["torch_compile_s"] = round(llm.backend.compiled.seconds, 2)
 
     def timed(ids, new_tokens) -> tuple[float, list]:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
@@ -216,6 +218,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
         res = llm.generate(prompt_token_ids=ids, params=params)
         return time.perf_counter() - t, res
 
+    out["greedy_32"] = list(timed(prompts(vocab, 1, 16, seed=1), 32)[1][0].token_ids)
     for batch in args.batch:
         ids = prompts(vocab, batch, 16, seed=batch)
         timed(ids, 8)  # warm-up (the eager prefill's kernels)
@@ -279,6 +282,10 @@ def hf(hf_dir: Path, args, vocab: int) -> dict:
             wall = statistics.median(run(ids, mode == "static") for _ in range(args.runs))
             out[f"{mode}_b{batch}_tok_s"] = round(batch * args.new_tokens / wall, 1)
             log(f"hf {mode} b{batch}: {out[f'{mode}_b{batch}_tok_s']} tok/s (warm-up {warm:.1f} s)")
+    ref = torch.tensor(prompts(vocab, 1, 16, seed=1), device=DEVICE)
+    with torch.inference_mode():  # the tokens ours are checked against (same weights, bf16 both)
+        out["greedy_32"] = model.generate(ref, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                                          attention_mask=torch.ones_like(ref))[0, 16:].tolist()
     x = torch.tensor(prompts(vocab, 1, 1024, seed=7), device=DEVICE)
     with torch.inference_mode():
         out["prefill_1024_ms"] = round(cuda_ms(lambda: model(x), runs=5), 2)
@@ -323,6 +330,10 @@ def main() -> None:
             if shape != "smollm2":
                 shutil.rmtree(hf_dir)
             row["ours"] = ours(engine, args, dims["vocab_size"])
+            if "hf" in row:  # bf16 both: the same tokens until a near tie of the random model rounds apart
+                a, b = row["ours"]["greedy_32"], row["hf"]["greedy_32"]
+                row["greedy_tokens_equal_hf"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                log(f"{shape}: the first {row['greedy_tokens_equal_hf']} of 32 greedy tokens equal HF's")
             b1 = row["ours"].get("decode_b1_tok_s")
             if b1:
                 row["ours"]["b1_of_ceiling"] = round(b1 / row["ceiling_b1_tok_s"], 3)

@@ -17,7 +17,7 @@ branch on a tensor's value; only on shapes), so the GPU path can capture it in a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -98,6 +98,8 @@ class TorchDecoder:
         cfg.validate()
         check_quantization(quantization)
         self.cfg, self.device, self.dtype, self.attention = cfg, torch.device(device), dtype, attention
+        # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into
+        self.kv_attention: Callable[..., torch.Tensor] | None = None
         self.max_positions = max_positions or cfg.max_position_embeddings
         if cfg.position_embedding == "learned" and self.max_positions > cfg.max_position_embeddings:
             raise ConfigError(f"max positions {self.max_positions} is past the {cfg.max_position_embeddings} "
@@ -215,10 +217,14 @@ class TorchDecoder:
             q, k = norm(q, w.q_norm, cfg.block.norm), norm(k, w.k_norm, cfg.block.norm)
         if table is not None and cos_sin is not None:
             q, k = apply_rotary(q, *cos_sin, table), apply_rotary(k, *cos_sin, table)
-        write_kv(k_pool, v_pool, kv.slots, k, v)
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
-        out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
-                             softcap=spec.logit_softcap, sliding_window=window)  # [T, heads, head_dim]
+        if self.kv_attention is not None:  # write + attend as one opaque op (compiled_forward.py)
+            out = self.kv_attention(q, k, v, k_pool, v_pool, kv.slots, kv.block_tables, kv.context_lens,
+                                    kv.query_start, scale, spec.logit_softcap, window)
+        else:
+            write_kv(k_pool, v_pool, kv.slots, k, v)
+            out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
+                                 softcap=spec.logit_softcap, sliding_window=window)  # [T, heads, head_dim]
         return F.linear(out.flatten(-2), w.o, w.o_bias)
 
     # -- loading: every tensor to the device, in the model dtype --

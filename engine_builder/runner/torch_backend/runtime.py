@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -31,6 +32,7 @@ from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.util.errors import InputError
 
 DEFAULT_BLOCK_SIZE = 16
+COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # on | off: steps through torch.compile (default: on CUDA)
 
 
 class TorchRuntime(Backend):
@@ -73,6 +75,12 @@ class TorchRuntime(Backend):
         self.max_input_len = lim.max_input_len
         self.logits_tail = lim.max_input_len  # every position's logits can come back (verify, prompt scoring)
         self.reprefill_after = self.model.reprefill_after
+        # every step through torch.compile (compiled_forward.py): on CUDA unless TRTBUILD_TORCH_COMPILE=off
+        self.compiled = None
+        if os.environ.get(COMPILE_ENV, "on" if self.device.type == "cuda" else "off") == "on":
+            from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
+
+            self.compiled = CompiledForward(self.model, attention)
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization = gpu_memory_utilization
@@ -151,11 +159,13 @@ class TorchRuntime(Backend):
                   context_lens: torch.Tensor, query_start: torch.Tensor, seq_of_token: torch.Tensor,
                   logits_indices: torch.Tensor, *, max_query_len: int) -> torch.Tensor:
         """The model over device tensors (ModelInput's fields; block_tables [seqs, width] int32): logits
-        [num_logits, vocab] float32. No host synchronization on CUDA: a CUDA graph captures it (cuda_graphs.py)."""
+        [num_logits, vocab] float32, through the compiled model where there is one (compiled_forward.py). No host
+        synchronization on CUDA: a CUDA graph captures it (cuda_graphs.py)."""
         slots = slot_mapping(block_tables, positions, seq_of_token, self.layout.block_size)
         kv = PagedKV(self.keys, self.values, block_tables, context_lens, query_start, slots)
         self._max_query_len = max_query_len  # the kernel's grid: a host int, never read off the device
-        return self.model(token_ids, positions, kv, logits_indices)
+        model = self.compiled if self.compiled is not None else self.model
+        return model(token_ids, positions, kv, logits_indices)
 
     def _kernel(self, q, k_pool, v_pool, block_tables, context_lens, query_start, *, scale, softcap=None,
                 sliding_window=None):

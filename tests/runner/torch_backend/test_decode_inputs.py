@@ -56,3 +56,43 @@ def test_a_padded_bucket_gives_the_eager_logits_and_pads_write_only_scratch(back
 def test_buckets_cover_every_batch_size():
     assert buckets(1) == [1] and buckets(4) == [1, 2, 4] and buckets(20) == [1, 2, 4, 8, 16, 20]
     assert buckets(256)[-4:] == [160, 192, 224, 256] and 64 in buckets(256) and 96 in buckets(256)
+
+
+def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch):
+    """torch.compile over the whole forward (the KV write + attention one opaque op, the pools mutated in place):
+    a prefill and a padded decode bucket give the eager steps' logits, and the pools hold what eager steps wrote."""
+    monkeypatch.setenv("TRTBUILD_TORCH_COMPILE", "on")
+    engine, _ = tiny_engine("llama", Limits(max_batch=4, max_input_len=32, max_seq_len=96))
+    backend = TorchRuntime(EngineDir.load(engine), kv_cache_memory=1 << 22)
+    compiled = backend.compiled
+
+    def eager(batch: ModelInput) -> torch.Tensor:
+        backend.compiled = None
+        try:
+            return backend.forward(batch).clone()
+        finally:
+            backend.compiled = compiled
+
+    try:
+        prompt = np.asarray([[1, 8, *range(20, 40)]], np.int64)
+        slot = backend.kv.allocate(0, prompt.shape[1], 8)
+        first = ModelInput.rows(slot, prompt, backend.kv.lengths[slot:slot + 1], logits=prompt.shape[1])
+        torch.testing.assert_close(backend.forward(first), eager(first), rtol=0, atol=1e-5)  # prefill, compiled
+        backend.kv.advance(slot, prompt.shape[1])
+        slots = np.array([prefill(backend, 1, [1, 5, 9, 33, 7]), slot])
+        batch = ModelInput.decode(slots, np.array([11, 12]), backend.kv.lengths[slots])
+        backend.kv.prepare_writes(batch.slots, batch.query_lens)
+        want = eager(batch)
+        written = [k.clone() for k in backend.keys]
+        pos, size = int(batch.positions[1]), backend.layout.block_size
+        for k in backend.keys:  # the compiled step must write this position again, in place
+            k[backend.kv.block_table[slots[1], pos // size], pos % size] = 0
+        inputs = DecodeInputs(backend.device, 4, backend.layout.max_blocks_per_seq)
+        inputs.fill(batch, backend.kv.block_table[slots])
+        torch.testing.assert_close(inputs.step(backend)[:2], want, rtol=0, atol=1e-5)
+        used = sorted({int(b) for b in backend.kv.block_table[slots].reshape(-1)} - {SCRATCH_BLOCK})
+        for k, kept in zip(backend.keys, written):
+            torch.testing.assert_close(k[used], kept[used], rtol=0, atol=1e-6)
+        assert compiled.seconds > 0
+    finally:
+        backend.close()
