@@ -35,10 +35,10 @@ for part in $PARTS; do
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;
     smollm2)
-      timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
+      timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 ${SMOLLM2_ARGS:-} --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-smollm2.txt" ;;
     8b)
-      timeout ${LLAMA8B_S:-560} python3 benchmarks/gpu_decode.py --shapes llama3-8b --json "$OUT/gpu-decode-8b.json" 2>&1 \
+      timeout ${LLAMA8B_S:-560} python3 benchmarks/gpu_decode.py --shapes llama3-8b ${LLAMA8B_ARGS:-} --json "$OUT/gpu-decode-8b.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-8b.txt" ;;
   esac
 done
