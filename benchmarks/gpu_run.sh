@@ -28,8 +28,9 @@ for part in $PARTS; do
     tests)  # the torch backend's tests on CUDA (the SmolLM2 GGUF, 98 MB, does not travel: its tests stay on CPU);
       # eager steps in the LLM tests (each LLM would compile anew), the compiled path in test_decode_inputs.py
       TRTBUILD_TEST_DEVICE=cuda TRTBUILD_TORCH_COMPILE=off timeout ${TESTS_S:-240} python3 -m pytest -q -x \
-        -p no:cacheprovider tests/runner/torch_backend/test_torch_backend.py tests/runner/torch_backend/test_decode_inputs.py \
-        tests/runner/torch_backend/test_paged_attention_triton.py -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
+        -p no:cacheprovider tests/runner/torch_backend/test_paged_attention_triton.py \
+        tests/runner/torch_backend/test_decode_inputs.py tests/runner/torch_backend/test_torch_backend.py \
+        -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20 ;;
     kernel)
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
