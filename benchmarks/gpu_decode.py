@@ -197,13 +197,13 @@ def prompts(vocab: int, batch: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(3, vocab, (batch, length), generator=g).tolist()
 
 
-def ours(engine: Path, args, vocab: int) -> dict:
+def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     from engine_builder import LLM
     from engine_builder.runner.sampling_params import SamplingParams
 
     started = time.perf_counter()
     llm = LLM(engine, backend="torch", verify=False)
-    out: dict = {"load_s": round(time.perf_counter() - started, 2), "backend": llm.backend_name}
+    out.update(load_s=round(time.perf_counter() - started, 2), backend=llm.backend_name)
     graphs = llm.backend._graphs
     if graphs is not None:
         out["cuda_graph_capture_s"] = round(graphs.capture_all(), 2)
@@ -219,6 +219,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
         return time.perf_counter() - t, res
 
     out["greedy_32"] = list(timed(prompts(vocab, 1, 16, seed=1), 32)[1][0].token_ids)
+    save()
     for batch in args.batch:
         ids = prompts(vocab, batch, 16, seed=batch)
         timed(ids, 8)  # warm-up (the eager prefill's kernels)
@@ -227,6 +228,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
         out[f"decode_b{batch}_tok_s"] = round(batch * args.new_tokens / wall, 1)
         out[f"decode_b{batch}_runner_decode_tok_s"] = round(llm.last_timings.decode_tok_s, 1)
         log(f"ours b{batch}: {out[f'decode_b{batch}_tok_s']} tok/s (walls {[round(w, 3) for w in walls]})")
+        save()
     long = prompts(vocab, 6, 1024, seed=7)
     timed(long[:1], 1)
     out["ttft_1024_ms"] = round(1e3 * statistics.median(timed([p], 1)[0] for p in long[1:]), 2)
@@ -238,6 +240,7 @@ def ours(engine: Path, args, vocab: int) -> dict:
     out["prefix_hit_ms"] = round(1e3 * statistics.median(hit), 2)
     out["prefix_hit_over_cold"] = round(statistics.median(hit) / statistics.median(cold), 3)
     log(f"ours ttft 1024: {out['ttft_1024_ms']} ms; prefix hit/cold {out['prefix_hit_over_cold']}")
+    save()
     if args.serve:
         ids = prompts(vocab, args.serve, 128, seed=13)
         timed(ids[:8], 4)
@@ -329,7 +332,8 @@ def main() -> None:
             engine = engine_dir(hf_dir, args.work, shape, max_batch, drop_ckpt=shape != "smollm2")
             if shape != "smollm2":
                 shutil.rmtree(hf_dir)
-            row["ours"] = ours(engine, args, dims["vocab_size"])
+            row["ours"] = {}
+            ours(engine, args, dims["vocab_size"], row["ours"], save)
             if "hf" in row:  # bf16 both: the same tokens until a near tie of the random model rounds apart
                 a, b = row["ours"]["greedy_32"], row["hf"]["greedy_32"]
                 row["greedy_tokens_equal_hf"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))

@@ -166,6 +166,8 @@ class TorchDecoder:
         if self._needs_seq_lens:  # each token's sequence length, as the graph's max(position_ids) + 1 per row
             tokens = torch.arange(token_ids.shape[0], device=token_ids.device, dtype=kv.query_start.dtype)
             seq_of_token = torch.searchsorted(kv.query_start[1:], tokens, right=True)  # [T]
+            # tokens past the last query (a CUDA-graph bucket's padding) belong to no sequence: any index will do
+            seq_of_token = seq_of_token.clamp_(max=kv.context_lens.shape[0] - 1)
             seq_lens = kv.context_lens.to(token_ids.device)[seq_of_token]
         by_table = {id(t): t.cos_sin(positions, seq_lens) for t in self.rotary.values()}  # once per distinct table
         attn = self.cfg.block.attention
