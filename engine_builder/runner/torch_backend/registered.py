@@ -35,7 +35,7 @@ def cuda_devices() -> int:
     return count.value
 
 
-@register_backend(preference=50)  # below TensorRT (100), above the onnxruntime twin (0)
+@register_backend(preference=5)  # below TensorRT (10), above the onnxruntime twin (0)
 class TorchBackend(Backend):
     name: ClassVar[str] = "torch"
     title: ClassVar[str] = "PyTorch"
