@@ -60,6 +60,29 @@ FAMILY_MODELS: dict[str, tuple[str, str, dict]] = {
 }
 
 
+# mixture-of-experts families: 8 experts, top-2, qwen2_moe's shared expert and gate, norm_topk_prob on for
+# qwen3_moe (off for qwen2_moe, as its released models have it); make them with spread_routers applied
+MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
+MOE_MODELS: dict[str, tuple[str, str, dict]] = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(**MOE, num_local_experts=8, intermediate_size=48)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        **MOE, num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        **MOE, num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
+}
+
+
+def spread_routers(model: torch.nn.Module) -> None:
+    """Norms moved off 1 and router weights spread (qwen's init is zeros: every expert tied, TopK's tie-break
+    would decide), so a wrong router or norm changes the tokens."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                p.copy_(torch.randn_like(p))
+
+
 def make_tiny_model(name: str, out: Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
     """Save a tiny random model `name` (a TINY_MODELS or FAMILY_MODELS key) as an HF dir under `out`."""
     family = name in FAMILY_MODELS

@@ -89,16 +89,12 @@ def run(
         return run_embed(engine_dir, embed, backend, verify=not no_verify, as_json=as_json)
     from engine_builder.runner.parallel import launch
 
-    role = launch.role(engine_dir)  # tp/pp engine dirs run one process per rank (runner/parallel/)
-    if role == "launcher":
-        if prompt is not None:
-            _read_prompt(prompt)  # a bad prompt fails here, before any rank starts (stdin stays rank 0's)
-        raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
-    if role == "worker":
-        from engine_builder.runner.parallel.worker import follow
-
-        follow(engine_dir, verify=not no_verify)
-        return
+    # tp/pp engine dirs run one process per rank (runner/parallel/); a bad prompt fails before any rank starts
+    # (stdin stays rank 0's)
+    code = launch.dispatch_ranks(engine_dir, verify=not no_verify,
+                                 before_spawn=(lambda: _read_prompt(prompt)) if prompt is not None else None)
+    if code is not None:
+        raise typer.Exit(code)
     from engine_builder.runner.speculative.speculative_config import from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads

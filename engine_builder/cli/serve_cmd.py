@@ -115,14 +115,9 @@ def serve(
     """
     from engine_builder.runner.parallel import launch
 
-    role = launch.role(engine_dir)  # tp/pp engine dirs: one process per rank, rank 0 serves (runner/parallel/)
-    if role == "launcher":
-        raise typer.Exit(launch.spawn_ranks(launch.world_size_of(engine_dir) or 1))
-    if role == "worker":
-        from engine_builder.runner.parallel.worker import follow
-
-        follow(engine_dir, verify=not no_verify)
-        return
+    code = launch.dispatch_ranks(engine_dir, verify=not no_verify)  # tp/pp: a process per rank, rank 0 serves
+    if code is not None:
+        raise typer.Exit(code)
     from engine_builder.runner.speculative.speculative_config import from_flags
     from engine_builder.server.http_server import serve as serve_engine
 

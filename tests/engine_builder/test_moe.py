@@ -22,7 +22,7 @@ from cli_process import assert_user_error, trtbuild
 from hf_reference import hf_greedy, load_hf, prompt_of
 from ort_helpers import OrtDecoder
 from runner_engines import add_word_tokenizer
-from tiny_models import COMMON
+from tiny_models import COMMON, MOE_MODELS, spread_routers
 
 from converters.convert import convert
 from engine_builder.build.pipeline import build
@@ -35,31 +35,17 @@ from engine_builder.util.errors import TrtbuildError
 
 TOL = 1e-4
 STEPS = 17  # the prefill's token + 16 decode steps
-MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
-# family -> (config class, model class, overrides): 8 experts, top-2; qwen2_moe with its shared expert
-# and gate, norm_topk_prob on for qwen3_moe (off for qwen2_moe, as its released models have it)
-FAMILIES = {
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, intermediate_size=48)),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
-        num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False)),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
-}
+FAMILIES = MOE_MODELS
 
 
 def tiny_moe(family: str, out: Path, **extra: object) -> Path:
     """A 2-layer random MoE; router weights spread (qwen's init is zeros: every expert tied, TopK's
     tie-break would decide) and norms moved off 1 so a wrong router or norm changes the tokens."""
     config_cls, model_cls, overrides = FAMILIES[family]
-    config = getattr(transformers, config_cls)(**{**COMMON, **MOE, **overrides, **extra})
+    config = getattr(transformers, config_cls)(**{**COMMON, **overrides, **extra})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
-                p.copy_(torch.randn_like(p))
+    spread_routers(model)
     model.save_pretrained(out)
     add_word_tokenizer(out, COMMON["vocab_size"])  # the engine dir's LLM wants a tokenizer
     return out

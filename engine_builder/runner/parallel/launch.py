@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +51,24 @@ def role(engine_dir: Path) -> Role:
     if "RANK" not in os.environ:
         return "launcher"
     return "driver" if int(os.environ["RANK"]) == 0 else "worker"
+
+
+def dispatch_ranks(engine_dir: Path, verify: bool = True, before_spawn: Callable[[], object] | None = None) -> int | None:
+    """The tp/pp launch decision of `run` and `serve`, in one place: None when this process runs the engine
+    (alone, or as rank 0 driving the others); otherwise it has done its part (spawned every rank and waited, or
+    followed rank 0 as a worker) and this is the command's exit code. before_spawn: the launcher's checks of the
+    command's own input, before any rank starts."""
+    what = role(engine_dir)
+    if what == "launcher":
+        if before_spawn is not None:
+            before_spawn()
+        return spawn_ranks(world_size_of(engine_dir) or 1)
+    if what == "worker":
+        from engine_builder.runner.parallel.worker import follow
+
+        follow(engine_dir, verify=verify)
+        return 0
+    return None
 
 
 def free_port() -> int:

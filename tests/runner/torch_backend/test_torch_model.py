@@ -26,7 +26,7 @@ import onnx
 import pytest
 import torch
 import transformers
-from tiny_models import COMMON, FAMILY_MODELS, TINY_MODELS, make_tiny_model
+from tiny_models import COMMON, FAMILY_MODELS, MOE_MODELS, TINY_MODELS, make_tiny_model, spread_routers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from converters.convert import convert
@@ -53,15 +53,10 @@ TOL = 1e-4
 # families tiny_models.py lacks, made with its recipe: the MoEs of tests/engine_builder/test_moe.py (8 experts,
 # top-2, router weights spread so tokens pick many experts), dynamic NTK with a max_position_embeddings short
 # enough to cross, and (make_model) multimodal gemma3, whose vision tower the converter drops
-MOE = dict(num_experts_per_tok=2, initializer_range=0.1)
 OTHER_MODELS: dict[str, tuple[str, str, dict]] = {
     "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM", dict(
         max_position_embeddings=32, rope_scaling={"rope_type": "dynamic", "factor": 8.0})),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(**MOE, num_local_experts=8, intermediate_size=48)),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
-        **MOE, num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False)),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        **MOE, num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
+    **MOE_MODELS,
 }
 FAMILIES = sorted(TINY_MODELS) + sorted(FAMILY_MODELS) + sorted(OTHER_MODELS) + ["gemma3"]
 # prompt lengths that cross what a family's rope decides by length: phi3's longrope switch at
@@ -85,12 +80,7 @@ def make_model(name: str, out: Path) -> Path:
         config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():  # norms off 1; routers spread (qwen's init is zeros: TopK's tie-break would decide)
-        for pname, p in model.named_parameters():
-            if "norm" in pname:
-                p.add_(torch.randn_like(p) * 0.1)
-            if pname.endswith("mlp.gate.weight") or pname.endswith("block_sparse_moe.gate.weight"):
-                p.copy_(torch.randn_like(p))
+    spread_routers(model)
     model.save_pretrained(out)
     return out
 
