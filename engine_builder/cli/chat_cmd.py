@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP, verbose
-from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import TrtbuildError
 
 HELP = "commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves"
@@ -33,6 +33,7 @@ def chat(
     prefix_cache: Annotated[bool, typer.Option(help="Keep the conversation's KV between turns, so each turn "
                                                     "prefills only what is new (onnxruntime backend).")] = True,
     kv_cache_memory: KVCacheMemory = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
 ) -> None:
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
@@ -48,7 +49,8 @@ def chat(
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     memory = kv_cache_bytes(kv_cache_memory)
-    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache, kv_cache_memory=memory)
+    llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache, kv_cache_memory=memory,
+              gpu_memory_utilization=gpu_memory_utilization)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

@@ -1,4 +1,4 @@
-"""`--kv-cache-memory SIZE` on run, chat and serve: the bytes of a paged engine's block pool."""
+"""`--kv-cache-memory SIZE` and `--gpu-memory-utilization F` on run, chat and serve: what the KV block pool takes."""
 
 from __future__ import annotations
 
@@ -16,3 +16,9 @@ KVCacheMemory = Annotated[str | None, typer.Option(
 
 def kv_cache_bytes(text: str | None) -> int | None:
     return None if text is None else parse_byte_size(text, "--kv-cache-memory")
+
+
+GpuMemoryUtilization = Annotated[float | None, typer.Option(
+    "--gpu-memory-utilization", help="The torch backend on a CUDA GPU: the fraction of the GPU's memory this process "
+                                     "may use (weights, activations, CUDA graphs and the KV pool, which gets the "
+                                     "rest; vLLM's flag). Default 0.9; --kv-cache-memory sizes the pool instead.")]

@@ -20,7 +20,7 @@ import typer
 
 from engine_builder.cli.console import BACKEND_HELP
 
-from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import InputError
 
 
@@ -66,6 +66,7 @@ def run(
     prefix_cache: Annotated[bool, typer.Option(help="Reuse cached KV blocks of earlier prompts (onnxruntime "
                                                     "backend; same answers at temperature 0).")] = True,
     kv_cache_memory: KVCacheMemory = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -104,7 +105,7 @@ def run(
     from engine_builder.runner.llm import LLM
 
     llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache,
-              kv_cache_memory=memory)
+              kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization)
     params = llm.default_params(**user)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)

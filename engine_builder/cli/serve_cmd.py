@@ -17,7 +17,7 @@ import typer
 
 from engine_builder.cli.console import BACKEND_HELP
 
-from engine_builder.cli.kv_options import KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -70,6 +70,7 @@ def serve(
                                                               "preempted when they run out); default: max_batch x "
                                                               "max_seq_len.")] = None,
     kv_cache_memory: KVCacheMemory = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "
                                                          "finish before they are cancelled.")]
     = DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -128,7 +129,8 @@ def serve(
                  max_total_tokens=max_total_tokens, api_key=api_key, model_name=model_name, backend=backend,
                  threads=threads, prefix_cache=prefix_cache, shutdown_timeout=shutdown_timeout,
                  max_num_batched_tokens=max_num_batched_tokens, kv_budget_tokens=kv_budget_tokens,
-                 kv_cache_memory=memory, max_request_bytes=max_request_bytes,
+                 kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization,
+                 max_request_bytes=max_request_bytes,
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  max_concurrent_per_client=max_concurrent_per_client,

@@ -126,7 +126,8 @@ class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
                  prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None,
-                 kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None) -> None:
+                 kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None,
+                 gpu_memory_utilization: float | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -138,7 +139,10 @@ class LLM:
         only, and not for longrope models (their cached keys change past a length); False turns it off.
         kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
         quarter of the available RAM; InputError for a slot engine, whose KV is fixed); there prefix_cache
-        shares cached blocks by reference (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply.
+        shares cached blocks by reference (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply. The torch
+        backend always pages its KV, on its device, whatever the engine's layout.
+        gpu_memory_utilization: the torch backend on a CUDA GPU: the fraction of the GPU's memory the process may
+        use, the KV pool taking what the weights leave (vLLM's knob; default 0.9); InputError for other backends.
         kv_budget_tokens: the KV all of generate()'s running requests may hold together, in tokens (default: every
         slot's max_seq_len). Requests are admitted by the free KV blocks of this budget (and of a paged engine's
         pool) for their context, grow block by block and are preempted by recompute when blocks run out, with
@@ -155,7 +159,8 @@ class LLM:
             # a target and its draft alternate; an LLM opened inside a caller's sessions_take_turns() keeps it
             turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
             with turns:
-                self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory)
+                self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory,
+                           gpu_memory_utilization)
             self._generator.admission = self._admission(kv_budget_tokens)
         except Exception:
             self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
@@ -167,7 +172,8 @@ class LLM:
             raise
 
     def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
-              prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None) -> None:
+              prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None,
+              gpu_memory_utilization: float | None = None) -> None:
         self.embedder: Embedder | None = None
         if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
             self.tokenizer = self.engine.load_tokenizer()
@@ -187,6 +193,8 @@ class LLM:
             raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
                              f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
                              "`trtbuild build --kv-layout paged`, run it with --backend torch, or leave the option out")
+        if gpu_memory_utilization is not None:  # before the prefix cache takes the pool it holds
+            self._size_pool_by_device(gpu_memory_utilization, kv_cache_memory)
         cache = None
         if getattr(self.backend.kv, "paged", False):  # block pool (runner/paged_kv_cache.py)
             cache = paged_prefix_cache(self.backend, prefix_cache, kv_cache_memory)
@@ -201,6 +209,22 @@ class LLM:
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
         # keep answers themselves, runner/chat_session.py)
         self._generator.cache_outputs = isinstance(cache, PrefixCache)
+
+    def _size_pool_by_device(self, utilization: float, kv_cache_memory: int | None) -> None:
+        resize = getattr(self.backend, "size_kv_by_device", None)
+        if resize is None:
+            self.backend.close()
+            raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) sizes the torch backend's KV pool on "
+                             f"a GPU, and {self.backend_name} runs this engine; run it with --backend torch, or leave "
+                             "the option out")
+        if kv_cache_memory is not None:
+            self.backend.close()
+            raise InputError("give --kv-cache-memory or --gpu-memory-utilization, not both: each sizes the KV pool")
+        try:
+            resize(utilization)
+        except InputError:
+            self.backend.close()
+            raise
 
     def _admission(self, kv_budget_tokens: int | None) -> BlockAdmission | None:
         """generate()'s admission by free KV blocks; prompts prefilled whole (a step may take every slot's longest)."""

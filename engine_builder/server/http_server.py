@@ -53,7 +53,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_total_tokens: int | None = None, api_key: str | None = None, model_name: str | None = None,
           backend: str = "auto", threads: int | None = None, prefix_cache: bool = True,
           max_num_batched_tokens: int | None = None, kv_budget_tokens: int | None = None,
-          kv_cache_memory: int | None = None, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+          kv_cache_memory: int | None = None, gpu_memory_utilization: float | None = None,
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
@@ -106,7 +107,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
     from engine_builder.server.asgi_app import create_app
 
     with contextlib.closing(sock), LLM(engine_dir, backend=backend, threads=threads, prefix_cache=prefix_cache,
-                                       verify=verify, speculative=speculative, kv_cache_memory=kv_cache_memory) as llm:
+                                       verify=verify, speculative=speculative, kv_cache_memory=kv_cache_memory,
+                                       gpu_memory_utilization=gpu_memory_utilization) as llm:
         executor = Executor(llm, scheduler)
         try:
             if log is not None:

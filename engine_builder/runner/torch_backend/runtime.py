@@ -116,6 +116,18 @@ class TorchRuntime(Backend):
         self._graphs = None
         self._new_pool(kv_cache_memory, prefix_cache)
 
+    def size_kv_by_device(self, gpu_memory_utilization: float) -> None:
+        """A new pool of what the device's memory leaves at this utilization (--gpu-memory-utilization)."""
+        if not 0 < gpu_memory_utilization <= 1:  # before the old pool goes
+            raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got "
+                             f"{gpu_memory_utilization}")
+        self._gpu_memory_utilization = gpu_memory_utilization
+        self.keys = self.values = []
+        self._graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the old pool's memory back to the device before it is counted
+        self.resize_kv(device_memory_budget(self.device, gpu_memory_utilization))
+
     def _copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
         s = torch.as_tensor(list(src), device=self.device)
         d = torch.as_tensor(list(dst), device=self.device)

@@ -158,3 +158,19 @@ def test_smollm2_answers_as_hf_does(smollm2_engine, hf_smollm2):
     want = ref[0, len(ids):].tolist()
     assert list(out.token_ids) == want[:len(out.token_ids)]
     assert "Paris" in out.text
+
+
+def test_gpu_memory_utilization_is_the_torch_backends_and_checked(llama):
+    from engine_builder.util.errors import InputError
+
+    with pytest.raises(InputError, match="must be in \\(0, 1\\]"):
+        LLM(llama[0], backend="torch", gpu_memory_utilization=1.5)
+    with pytest.raises(InputError, match="run it with --backend torch"):
+        LLM(llama[0], backend="onnxruntime", gpu_memory_utilization=0.5)
+    with pytest.raises(InputError, match="not both"):
+        LLM(llama[0], backend="torch", gpu_memory_utilization=0.5, kv_cache_memory=1 << 20)
+    llm = LLM(llama[0], backend="torch", gpu_memory_utilization=0.5)
+    try:
+        assert tokens(llm.generate(prompt_token_ids=PROMPTS[:1], params=GREEDY))[0]
+    finally:
+        llm.close()
