@@ -102,14 +102,15 @@ class Backend(ABC):
         """The sampler for this backend's logits: numpy's here; a device backend samples where its logits are."""
         return Sampler(seed)
 
-    @abstractmethod
-    def bind(self, first_slot: int, input_ids: np.ndarray) -> None: ...
+    # a slot engine's three calls, which the default forward makes; a backend with a forward of its own needs none
+    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
+        raise NotImplementedError(f"{type(self).__name__} steps through forward(ModelInput) only")
 
-    @abstractmethod
-    def execute(self) -> None: ...
+    def execute(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} steps through forward(ModelInput) only")
 
-    @abstractmethod
-    def read_logits(self) -> np.ndarray: ...
+    def read_logits(self) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} steps through forward(ModelInput) only")
 
     def read_tail_logits(self) -> np.ndarray:
         """[rows, min(seq, logits_tail), vocab] float32; a backend whose graph has logits_tail 1 gives the last."""

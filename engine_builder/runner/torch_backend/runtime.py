@@ -108,25 +108,24 @@ class TorchRuntime(Backend):
 
             self._graphs = DecodeGraphs(self)
 
-    def resize_kv(self, kv_cache_memory: int, prefix_cache: bool = True) -> None:
-        """A new pool of kv_cache_memory bytes (before any request runs: every slot must be free)."""
+    def resize_kv(self, kv_cache_memory: int | None, prefix_cache: bool = True) -> None:
+        """A new pool of kv_cache_memory bytes, or of what the device's memory leaves (None); before any request
+        runs: every slot must be free."""
         if self.kv.num_free != self.kv.batch_slots:
             raise InputError("the KV cache can be resized only while no request runs")
         self.keys = self.values = []
         self._graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the old pool's memory back to the device before the budget counts it
         self._new_pool(kv_cache_memory, prefix_cache)
 
     def size_kv_by_device(self, gpu_memory_utilization: float) -> None:
         """A new pool of what the device's memory leaves at this utilization (--gpu-memory-utilization)."""
-        if not 0 < gpu_memory_utilization <= 1:  # before the old pool goes
+        if not 0 < gpu_memory_utilization <= 1:
             raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got "
                              f"{gpu_memory_utilization}")
         self._gpu_memory_utilization = gpu_memory_utilization
-        self.keys = self.values = []
-        self._graphs = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the old pool's memory back to the device before it is counted
-        self.resize_kv(device_memory_budget(self.device, gpu_memory_utilization))
+        self.resize_kv(None)
 
     def _copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
         s = torch.as_tensor(list(src), device=self.device)
@@ -184,9 +183,8 @@ class TorchRuntime(Backend):
     def _kernel(self, q, k_pool, v_pool, block_tables, context_lens, query_start, *, scale, softcap=None,
                 sliding_window=None):
         """The Triton paged-attention kernel with paged_attention_ref's signature (the model's attention)."""
-        return self._triton(q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
-                                      softcap=softcap, sliding_window=sliding_window,
-                                      max_query_len=self._max_query_len)
+        return self._triton(q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale, softcap=softcap,
+                            sliding_window=sliding_window, max_query_len=self._max_query_len)
 
     def to_host(self, logits: torch.Tensor) -> np.ndarray:
         return logits.float().cpu().numpy()
@@ -195,24 +193,6 @@ class TorchRuntime(Backend):
         from engine_builder.runner.torch_backend.device_sampler import TorchSampler
 
         return TorchSampler(seed)
-
-    # --- the slot engine's calls, for callers that still step rectangles (tests, eval) --------------------
-
-    def bind(self, first_slot: int, input_ids: np.ndarray) -> None:
-        rows = input_ids.shape[0]
-        self._bound = ModelInput.rows(first_slot, input_ids, self.kv.lengths[first_slot:first_slot + rows],
-                                      logits=input_ids.shape[1])
-        self._bound_shape = input_ids.shape
-
-    def execute(self) -> None:
-        self._tail = self.forward(self._bound)
-
-    def read_tail_logits(self) -> np.ndarray:
-        rows, seq = self._bound_shape
-        return self.to_host(self._tail).reshape(rows, seq, -1)
-
-    def read_logits(self) -> np.ndarray:
-        return self.read_tail_logits()[:, -1]
 
     def close(self) -> None:
         self.keys = self.values = []
