@@ -6,8 +6,9 @@ max_seq_len) and, roughly, the activations of the largest prefill (max_batch x m
 attending over max_seq_len positions). `check_engine_memory` refuses a plan over this machine's RAM
 (or TRTBUILD_MEMORY_GB, to plan for a larger one) in one line with the figures, so an absurd
 `--set limits.max_seq_len=1000000000` fails in milliseconds instead of after tens of GB of allocation.
-`trtbuild build` and the runtime's EngineDir.load call it; `ModelConfig.validate` bounds the dims
-themselves (what `convert`, which streams tensors, relies on).
+`trtbuild build` and the backends that hold the engine in this machine's RAM call it (EngineDir.check_host_memory:
+the onnxruntime twin, its tp/pp ranks, the torch backend on a CPU; one on a GPU keeps its KV in device memory);
+`ModelConfig.validate` bounds the dims themselves (what `convert`, which streams tensors, relies on).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ class Embedder:
         self.max_tokens = min(engine.limits.max_input_len,
                               self.spec.max_tokens(engine.model.max_position_embeddings))
         self.backend_name, self.backend_reason = "onnxruntime", BACKEND_REASON
+        engine.check_host_memory()
         self._session = ort.InferenceSession(str(engine.onnx_path), session_options(engine.dtype, threads),
                                              providers=["CPUExecutionProvider"])
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.spec.pad_token_id)

@@ -46,14 +46,19 @@ class EngineDir:
         if manifest.mapping is None and not (path / ORT_MODEL).is_file():  # tp/pp dirs: a graph per segment
             raise InputError(f"{path / ORT_MODEL} is missing (every engine dir carries its onnxruntime twin); "
                              "rebuild the engine dir")
-        quant = manifest.checkpoint_quantization  # sized before any allocation
-        check_engine_memory(manifest.model, manifest.build.limits, manifest.build.dtype, quant.kv_cache,
-                            quant.weight_bits, what=f"engine dir {path}")
         if verify == "overlap":
             return cls(path=path, manifest=manifest, pending=PendingCheck(path, manifest))
         if verify:
             check_engine_files(path, manifest)
         return cls(path=path, manifest=manifest)
+
+    def check_host_memory(self) -> None:
+        """Refuse (ConfigError, the figures and the fix) what the engine's weights, KV cache and activations need
+        in this machine's RAM when that is more than it has: the onnxruntime twin's check, made before its
+        session allocates anything. A backend on a GPU (TensorRT, torch) keeps them in device memory instead."""
+        quant = self.manifest.checkpoint_quantization
+        check_engine_memory(self.model, self.limits, self.manifest.build.dtype, quant.kv_cache, quant.weight_bits,
+                            what=f"engine dir {self.path}")
 
     def wait_verified(self) -> None:
         """After load(verify="overlap"): wait for the hashes; an InputError naming the changed file."""

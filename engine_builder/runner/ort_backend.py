@@ -135,6 +135,7 @@ class OrtBackend(Backend):
                  optimization_level: ort.GraphOptimizationLevel | None = None,
                  kv_update: KVUpdate | None = None) -> None:
         self.engine = engine
+        engine.check_host_memory()  # sized before any allocation
         self.session = load_session(engine, threads, optimization_level)
         layout = engine.twin_kv_layout
         _check_graph_cache(engine, {i.name: i for i in self.session.get_inputs()}, layout)

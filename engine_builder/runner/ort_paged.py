@@ -31,6 +31,7 @@ class PagedOrtBackend(OrtBackend):
                  optimization_level: ort.GraphOptimizationLevel | None = None,
                  kv_cache_memory: int | None = None, prefix_cache: bool = True) -> None:
         self.engine = engine
+        engine.check_host_memory()  # sized before any allocation
         self.session = load_session(engine, threads, optimization_level)
         layout = self.layout = engine.twin_paged_layout
         _check_graph_pool(engine, {i.name: i for i in self.session.get_inputs()}, layout)

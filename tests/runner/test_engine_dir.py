@@ -98,3 +98,16 @@ def test_the_kv_cache_comes_from_the_manifest_and_must_match_the_graph(tiny_engi
     (mixed / "config.json").write_text(json.dumps(data))
     with pytest.raises(InputError, match="KV cache of 2 layers of .*96.*manifest describes 2 layers of .*64.*--force"):
         OrtBackend(EngineDir.load(mixed))
+
+
+def test_the_host_ram_plan_refuses_the_twin_at_open_not_the_dir(tiny_engine, monkeypatch):
+    """Loading an engine dir checks its files; the RAM the twin would take is weighed when a backend that keeps
+    the engine in this machine's RAM opens (a GPU backend keeps its KV on the device), before it allocates."""
+    from engine_builder.formats.memory_plan import MEMORY_ENV
+    from engine_builder.util.errors import ConfigError
+
+    engine = EngineDir.load(tiny_engine("llama")[0])
+    monkeypatch.setenv(MEMORY_ENV, "0.000001")
+    assert EngineDir.load(engine.path).path == engine.path
+    with pytest.raises(ConfigError, match="needs about .* more than TRTBUILD_MEMORY_GB"):
+        OrtBackend(engine)

@@ -54,6 +54,7 @@ class ParallelBackend(Backend):
 
     def __init__(self, engine: EngineDir, *, threads: int | None = None,
                  comm: Collectives | None = None) -> None:
+        engine.check_host_memory()  # onnxruntime segments, sized before any allocation or collective
         mapping = engine.manifest.mapping
         assert mapping is not None
         self.comm = comm or Collectives(mapping)

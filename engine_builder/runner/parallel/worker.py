@@ -16,6 +16,7 @@ from engine_builder.runner.parallel.rank_runner import RankRunner
 def follow(engine_dir: Path, verify: bool = True, threads: int | None = None, comm: Collectives | None = None) -> int:
     """Run this rank's part of every step the driver broadcasts; returns the number of steps run."""
     engine = EngineDir.load(engine_dir, verify=verify)
+    engine.check_host_memory()  # before joining the other ranks, as they check too
     mapping = engine.manifest.mapping
     assert mapping is not None
     comm = comm or Collectives(mapping)

@@ -54,6 +54,8 @@ class TorchRuntime(Backend):
                  gpu_memory_utilization: float | None = None, cuda_graphs: bool = True) -> None:
         self.engine = engine
         self.device = torch_device()
+        if self.device.type == "cpu":  # weights and pool in this machine's RAM, as the twin's
+            engine.check_host_memory()
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)
         # bf16/fp16 on a GPU as built; float32 on a CPU (no fast half arithmetic there, as the twin)
