@@ -2,10 +2,10 @@
 
     admit    a waiting request takes the lowest free KV slot; its prompt is prefilled alone
              (batch 1, seq = prompt length) at that slot, and its first token is sampled
-    decode   one step over slots [0, hi) where hi = highest busy slot + 1: each busy row feeds
+    decode   one step over every busy slot (a ModelInput, runner/core/model_input.py): each feeds
              its last token at its own length (the graph's per-row past_lengths), so prompts of
-             any lengths share a step with no padding; a free row inside the range rides along
-             with token 0 at length 0 and its logits are ignored
+             any lengths share a step with no padding; on a slot engine a free row inside the
+             range rides along with token 0 at length 0 and its logits are ignored
     finish   a request that stops frees its slot at once, and the next waiting request takes it
              at the next admit (so more prompts than max_batch run in one call)
 
@@ -263,9 +263,10 @@ class Generator:
 
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
         """One engine call feeding every active request its last token; finished ones leave `active`.
-        Slots in [0, highest active + 1) that are not active ride along (free, or mid-way through a
-        chunked prefill): each writes one junk entry at its own length, which that slot's next
-        prefill overwrites first, and its logits are dropped."""
+        The step is a ModelInput of the active slots only; a slot engine runs it over [lowest, highest]
+        (SlotRows), where inactive slots ride along (free, or mid-way through a chunked prefill): each
+        writes one junk entry at its own length, which that slot's next prefill overwrites first, and its
+        logits are dropped."""
         started = time.perf_counter()
         execute_before = self.backend.execute_seconds
         slots = sorted(active)
