@@ -141,8 +141,11 @@ def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
 
 
 def test_cli_builds_tensorrt_unchanged_beside_the_draft_twin(pair, tmp_path):
+    # the twin in float32 whatever this CPU's float16 support (--dtype auto would make it float16 on a CPU with
+    # native float16 arithmetic, where MatMulNBits keeps level 0: the draft lowering is a float32 activations' choice)
     proc = trtbuild("build", pair / "draft", tmp_path / "engine", "--twin-accuracy", "draft", "--cc", "sm86",
-                    "--max-batch", "2", "--max-input-len", "16", "--max-seq-len", "32", "--json")
+                    "--max-batch", "2", "--max-input-len", "16", "--max-seq-len", "32", "--set", "twin_dtype=float32",
+                    "--json")
     assert proc.returncode == 0, proc.stderr
     n = len(CheckpointConfig.load(pair / "draft").quantization.quantized)
     result = json.loads(proc.stdout)
