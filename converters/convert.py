@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.parallel_shard import shard_checkpoint
 from converters.quantize import gguf_blocks
 from converters.quantize.quant_options import QuantOptions, select_linears
 from converters.quantize.quantized_checkpoint import Progress, quantize_checkpoint
@@ -217,7 +216,9 @@ def convert(src: Path, out: Path, dtype: str = "auto", force: bool = False, quan
                 written = _Written(result.tensors, result.bytes, written.largest, written.tokenizer_files,
                                    result.scheme, len(result.quantized), result.excluded,
                                    result.calibration_seconds, result.kv_cache)
-            if mapping.world_size > 1:
+            if mapping.world_size > 1:  # torch only here: a refusal before any work need not import it
+                from converters.parallel_shard import shard_checkpoint
+
                 shard_checkpoint(tmp, mapping)  # rank{i}.safetensors (converters/parallel_shard.py)
             final = CheckpointConfig.load(tmp)  # what was written: its precision per tensor group
     seconds = time.perf_counter() - started
