@@ -27,6 +27,9 @@ def inspect(
     changed = [d.name for d in m.files if summary.files.get(d.name) != d.size]
     integrity = {"recorded": {d.name: d.sha256 for d in m.files}, "size_changed": changed,
                  "check": f"trtbuild verify {engine_dir}"}
+    from engine_builder.runner.torch_backend.registered import torch_verdict
+
+    torch_ok, torch_why = torch_verdict(m, Path(engine_dir), asked=False)
     if as_json:
         from engine_builder.cli.json_summary import pass_counts, tensorrt_summary
 
@@ -41,6 +44,7 @@ def inspect(
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
                     "integrity": integrity,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
+                                "torch": {"ok": torch_ok, "reason": torch_why},
                                 "onnxruntime": {"ok": summary.onnxruntime_ok}},
                     "details": str(Path(engine_dir) / "config.json")}, one_line_values=True)
         return
@@ -80,6 +84,7 @@ def inspect(
     table.add_row("tensorrt here", summary.tensorrt_verdict if m.mapping is None else
                   "tp/pp engines run their segments' onnxruntime twins; the TensorRT segment engines are built, "
                   "not yet run")
+    table.add_row("torch here", torch_why)
     if m.mapping is not None:  # tp/pp: a graph per rank and segment, run by one process per rank
         table.add_row("onnxruntime here", f"ok: tp={m.mapping.tp} x pp={m.mapping.pp} ranks, their segments on CPU "
                       f"(`trtbuild run {engine_dir}` spawns them, or torchrun --nproc-per-node {m.mapping.world_size})")

@@ -92,8 +92,11 @@ def test_inspect_verdict_here_is_no_gpu(checkpoint_dir, tmp_path):
     assert verdict["tensorrt"]["ok"] is False
     assert verdict["tensorrt"]["reason"].startswith("cannot run here: no NVIDIA GPU")
     assert verdict["onnxruntime"]["ok"] is True
+    assert verdict["torch"] == {"ok": False, "reason": "no CUDA GPU here (`--backend torch` runs it on the CPU, in "
+                                                       "float32)"}
     text = trtbuild("inspect", out)
     assert text.returncode == 0 and "ROTARY_EMBEDDING" in text.stdout and "no NVIDIA GPU" in text.stdout
+    assert "torch here" in text.stdout
     assert "engine float16, onnxruntime twin" in text.stdout and "--dtype auto" in text.stdout
 
 

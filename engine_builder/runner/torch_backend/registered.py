@@ -15,8 +15,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from pathlib import Path
 from typing import ClassVar
 
+from engine_builder.formats.checkpoint import weights_file
+from engine_builder.formats.manifest import EngineManifest
 from engine_builder.runner.backend import Backend, register_backend
 from engine_builder.runner.engine import EngineDir
 
@@ -35,6 +38,22 @@ def cuda_devices() -> int:
     return count.value
 
 
+def torch_verdict(manifest: EngineManifest, path: Path, asked: bool) -> tuple[bool, str]:
+    """Can the torch backend run the engine dir at PATH here (asked: named by --backend torch, so a CPU will do)
+    and why; from the manifest and the host alone (`trtbuild inspect` shows it)."""
+    if manifest.model is None or manifest.model.encoder is not None:
+        return False, "the torch backend runs decoders built from a checkpoint"
+    if manifest.mapping is not None:
+        return False, "a tp/pp engine dir runs on onnxruntime ranks (the torch backend runs tp=1, pp=1)"
+    if not (path / weights_file(0)).is_file():
+        return False, f"{path / weights_file(0)} (the checkpoint's weights) is missing"
+    if cuda_devices():
+        return True, "PyTorch on the CUDA GPU (no TensorRT runtime can run this engine here)"
+    if asked:
+        return True, "PyTorch on the CPU, float32"
+    return False, "no CUDA GPU here (`--backend torch` runs it on the CPU, in float32)"
+
+
 @register_backend(preference=5)  # below TensorRT (10), above the onnxruntime twin (0)
 class TorchBackend(Backend):
     name: ClassVar[str] = "torch"
@@ -42,20 +61,11 @@ class TorchBackend(Backend):
 
     @classmethod
     def usable(cls, engine: EngineDir) -> tuple[bool, str]:
-        ok, why = cls.usable_when_asked(engine)
-        if not ok:
-            return ok, why
-        if not cuda_devices():
-            return False, "no CUDA GPU here (`--backend torch` runs it on the CPU, in float32)"
-        return True, "PyTorch on the CUDA GPU (no TensorRT runtime can run this engine here)"
+        return torch_verdict(engine.manifest, engine.path, asked=False)
 
     @classmethod
     def usable_when_asked(cls, engine: EngineDir) -> tuple[bool, str]:
-        if engine.manifest.mapping is not None:
-            return False, "a tp/pp engine dir runs on onnxruntime ranks (the torch backend runs tp=1, pp=1)"
-        if not engine.weights_path.is_file():
-            return False, f"{engine.weights_path} (the checkpoint's weights) is missing"
-        return True, ""
+        return torch_verdict(engine.manifest, engine.path, asked=True)
 
     @classmethod
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> Backend:
