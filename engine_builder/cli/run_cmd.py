@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP
-
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import InputError
 

@@ -16,7 +16,6 @@ from typing import Annotated
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP
-
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,

@@ -2,7 +2,8 @@
 
 backend="auto" takes the most preferred backend whose `usable` says yes: TensorRT when the engine
 dir has an engine that trt/compatibility.py says can run here, PyTorch on a CUDA GPU otherwise
-(runner/torch_backend/), and onnxruntime on the ONNX twin on a CPU; the reasons are kept so `trtbuild run --json` and LLM.backend_reason can say why.
+(runner/torch_backend/), and onnxruntime on the ONNX twin on a CPU; the reasons are kept so
+`trtbuild run --json` and LLM.backend_reason can say why.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_builder.runner import ort_backend, ort_paged, trt_backend, trt_paged  # noqa: F401  (each registers its backend)
-from engine_builder.runner.torch_backend import registered as torch_backend  # noqa: F401  (registers "torch", no torch import)
 from engine_builder.runner.backend import Backend, registered_backends
 from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.torch_backend import registered  # noqa: F401  (registers "torch"; imports no torch)
 from engine_builder.util.errors import InputError, UnsupportedError
 
 BACKENDS = ("auto", *sorted(cls.name for cls in registered_backends()))

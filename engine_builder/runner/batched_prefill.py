@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine_builder.runner.core.model_input import ModelInput
-
 from engine_builder.runner.kv_cache import KVCacheManager
 from engine_builder.runner.request_state import Event, RequestState
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_builder.formats.build_config import Limits
-from engine_builder.formats.checkpoint import weights_file
 from engine_builder.formats.graph_io import KVCacheLayout, PagedKVLayout
 from engine_builder.formats.manifest import ENGINE_FILE, GENERATION_CONFIG, ORT_MODEL, EngineManifest
 from engine_builder.formats.memory_plan import check_engine_memory
@@ -126,11 +125,6 @@ class EngineDir:
     @property
     def engine_path(self) -> Path:
         return self.path / ENGINE_FILE
-
-    @property
-    def weights_path(self) -> Path:
-        """The checkpoint's canonical tensors, which every build keeps (the torch backend runs them)."""
-        return self.path / weights_file(0)
 
     @cached_property
     def generation_config(self) -> dict[str, Any]:

@@ -187,14 +187,11 @@ class LLM:
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None:
             eos.insert(0, self.tokenizer.eos_token_id)
-        if kv_cache_memory is not None and not getattr(self.backend.kv, "paged", False):
-            # a slot engine's KV is max_batch x max_seq_len, fixed at build time
+        try:
+            self._check_pool_options(kv_cache_memory, gpu_memory_utilization)
+        except Exception:
             self.backend.close()
-            raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
-                             f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
-                             "`trtbuild build --kv-layout paged`, run it with --backend torch, or leave the option out")
-        if gpu_memory_utilization is not None:  # before the prefix cache takes the pool it holds
-            self._size_pool_by_device(gpu_memory_utilization, kv_cache_memory)
+            raise
         cache = None
         if getattr(self.backend.kv, "paged", False):  # block pool (runner/paged_kv_cache.py)
             cache = paged_prefix_cache(self.backend, prefix_cache, kv_cache_memory)
@@ -210,21 +207,24 @@ class LLM:
         # keep answers themselves, runner/chat_session.py)
         self._generator.cache_outputs = isinstance(cache, PrefixCache)
 
-    def _size_pool_by_device(self, utilization: float, kv_cache_memory: int | None) -> None:
+    def _check_pool_options(self, kv_cache_memory: int | None, gpu_memory_utilization: float | None) -> None:
+        """Refuse a pool size the backend cannot take; size a device pool by utilization (before the prefix cache
+        takes the pool it holds; kv_cache_memory resizes in paged_prefix_cache)."""
+        if kv_cache_memory is not None and not getattr(self.backend.kv, "paged", False):
+            # a slot engine's KV is max_batch x max_seq_len, fixed at build time
+            raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
+                             f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
+                             "`trtbuild build --kv-layout paged`, run it with --backend torch, or leave the option out")
+        if gpu_memory_utilization is None:
+            return
         resize = getattr(self.backend, "size_kv_by_device", None)
         if resize is None:
-            self.backend.close()
             raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) sizes the torch backend's KV pool on "
                              f"a GPU, and {self.backend_name} runs this engine; run it with --backend torch, or leave "
                              "the option out")
         if kv_cache_memory is not None:
-            self.backend.close()
             raise InputError("give --kv-cache-memory or --gpu-memory-utilization, not both: each sizes the KV pool")
-        try:
-            resize(utilization)
-        except InputError:
-            self.backend.close()
-            raise
+        resize(gpu_memory_utilization)
 
     def _admission(self, kv_budget_tokens: int | None) -> BlockAdmission | None:
         """generate()'s admission by free KV blocks; prompts prefilled whole (a step may take every slot's longest)."""

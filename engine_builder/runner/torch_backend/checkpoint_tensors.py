@@ -24,6 +24,7 @@ from engine_builder.formats.checkpoint import CHECKPOINT_SCHEMA, CONFIG_FILE, WE
 from engine_builder.formats.manifest import ENGINE_SCHEMA, EngineManifest
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.parallel_mapping import ParallelMapping
+from engine_builder.formats.quant_packing import unpack_int4
 from engine_builder.formats.quantization import Quantization
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -122,7 +123,7 @@ def float_weight(tensors: Mapping[str, torch.Tensor], q: Quantization, prefix: s
         codes = weight.float()  # [out, in]
     else:
         _check(prefix + ".weight", weight, (out, inp // 2), (torch.uint8,))
-        codes = unpack_int4(weight, inp, signed=not q.zero_point)
+        codes = _unpack_int4(weight, inp, signed=not q.zero_point)
     if q.group_size is None:  # int8 per output channel: w = q * scale[o]
         _check(prefix + ".weight_scale", scale, (out,), FLOAT_DTYPES)
         return codes * scale.float()[:, None]
@@ -136,7 +137,7 @@ def float_weight(tensors: Mapping[str, torch.Tensor], q: Quantization, prefix: s
     if q.zero_point:  # w = (q - zero) * scale, zeros packed per row
         zero = _stored(tensors, prefix + ".weight_zero", device)
         _check(prefix + ".weight_zero", zero, (out, -(-blocks // 2)), (torch.uint8,))
-        codes = codes - unpack_int4(zero, blocks, signed=False)[:, :, None]
+        codes = codes - _unpack_int4(zero, blocks, signed=False)[:, :, None]
     w = codes * scale.float()[:, :, None]
     if q.scheme == "gguf":  # Q4_1 / Q4_K blocks: w = q * scale + offset
         offset = _stored(tensors, prefix + ".weight_offset", device)
@@ -145,14 +146,9 @@ def float_weight(tensors: Mapping[str, torch.Tensor], q: Quantization, prefix: s
     return w.reshape(out, inp)
 
 
-def unpack_int4(packed: torch.Tensor, n: int, signed: bool) -> torch.Tensor:
-    """uint8 [rows, ceil(n / 2)], even index in the low nibble -> float32 [rows, n]: two's complement
-    nibbles (-8..7) when signed, else 0..15 (formats/quant_packing.py's layout)."""
-    low, high = (packed & 0xF).to(torch.int16), (packed >> 4).to(torch.int16)
-    nibbles = torch.stack((low, high), dim=-1).flatten(-2)[:, :n]  # [rows, n]
-    if signed:
-        nibbles = torch.where(nibbles >= 8, nibbles - 16, nibbles)
-    return nibbles.float()
+def _unpack_int4(packed: torch.Tensor, n: int, signed: bool) -> torch.Tensor:
+    """formats/quant_packing.py's unpacking (at load, on the host) -> float32 [rows, n] on packed's device."""
+    return torch.from_numpy(unpack_int4(packed.cpu().numpy(), n, signed)).to(packed.device).float()
 
 
 def expect(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...],

@@ -26,16 +26,21 @@ def torch_device() -> torch.device:
     return torch.device("cpu")
 
 
+def check_utilization(utilization: float) -> None:
+    if not 0 < utilization <= 1:
+        raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got {utilization}")
+
+
 def device_memory_budget(device: torch.device, utilization: float | None = None) -> int:
     """Bytes the KV pool may take on DEVICE, after what is already allocated (the weights)."""
+    if utilization is not None:
+        check_utilization(utilization)
     if device.type != "cuda":
         return int(available_ram() * DEFAULT_RAM_FRACTION)
     utilization = DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
-    if not 0 < utilization <= 1:
-        raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got {utilization}")
     free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    budget = int(total * utilization) - used_by_others - torch.cuda.memory_reserved(device) - ACTIVATION_RESERVE
+    # the process may hold utilization x total: what it and others hold already is gone from free
+    budget = free - int(total * (1 - utilization)) - ACTIVATION_RESERVE
     if budget <= 0:
         raise InputError(f"--gpu-memory-utilization {utilization} leaves no room for the KV cache on "
                          f"{torch.cuda.get_device_name(device)} ({free / 2**30:.1f} of {total / 2**30:.1f} GiB "

@@ -27,7 +27,7 @@ from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
-from engine_builder.runner.torch_backend.device import device_memory_budget, torch_device
+from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.util.errors import InputError
 
@@ -50,8 +50,7 @@ class TorchRuntime(Backend):
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> TorchRuntime:
         return cls(engine, threads=threads)
 
-    def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None,
-                 gpu_memory_utilization: float | None = None, cuda_graphs: bool = True) -> None:
+    def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None) -> None:
         self.engine = engine
         self.device = torch_device()
         if self.device.type == "cpu":  # weights and pool in this machine's RAM, as the twin's
@@ -87,8 +86,7 @@ class TorchRuntime(Backend):
             self.compiled = CompiledForward(self.model, attention)
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
-        self._gpu_memory_utilization = gpu_memory_utilization
-        self._cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
         self._new_pool(kv_cache_memory, prefix_cache=True)
 
     # --- KV --------------------------------------------------------------------------------------------
@@ -105,7 +103,7 @@ class TorchRuntime(Backend):
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
         self._graphs = None
-        if self._cuda_graphs:
+        if self.device.type == "cuda":
             from engine_builder.runner.torch_backend.cuda_graphs import DecodeGraphs
 
             self._graphs = DecodeGraphs(self)
@@ -123,9 +121,7 @@ class TorchRuntime(Backend):
 
     def size_kv_by_device(self, gpu_memory_utilization: float) -> None:
         """A new pool of what the device's memory leaves at this utilization (--gpu-memory-utilization)."""
-        if not 0 < gpu_memory_utilization <= 1:
-            raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got "
-                             f"{gpu_memory_utilization}")
+        check_utilization(gpu_memory_utilization)  # before the old pool goes
         self._gpu_memory_utilization = gpu_memory_utilization
         self.resize_kv(None)
 
