@@ -120,7 +120,8 @@ def _paged_attention_kernel(
         if SOFTCAP:
             # cap * tanh(scale * s / cap), in log2 units; tanh from exp2 of a non-positive argument (no overflow)
             x = s * qk_scale
-            e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+            # tensor first: Triton 3.9's interpreter keeps constexpr * tensor a constexpr, which exp2 refuses
+            e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))
             t = (1.0 - e) / (1.0 + e)
             s = tl.where(x < 0, -t, t) * (softcap * LOG2E)
         else:
