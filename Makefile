@@ -28,9 +28,11 @@ demo: install
 	$(BIN)/trtbuild inspect $(DEMO_DIR)/smollm2-engine
 	$(BIN)/trtbuild run $(DEMO_DIR)/smollm2-engine --chat --prompt "What is the capital of France?" --max-new-tokens 48
 
-# the layer contracts of docs/ARCHITECTURE.md first (seconds), then the suite
+# the layer contracts of docs/ARCHITECTURE.md first (seconds), the documentation site with warnings as errors
+# (seconds: a broken link or anchor, or a page left out of mkdocs.yml's nav, fails it; output in build/site), then the suite
 test: install
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest -q
 
 # llama.cpp for benchmarks/quant_decode.py, compiled from source. Not the default native build: it
