@@ -12,6 +12,10 @@ A non-streaming request watches for its client leaving (request.is_disconnected)
 a streaming one is cancelled by Starlette when the client disconnects (the response task is
 cancelled, and EventStream closes the request). Either is counted as a disconnect, never as an error.
 
+A constrained request (json_schema / regex / choice) that ends on a stop token is checked against its
+grammar first (structured_output.grammar_verdict): an answer the grammar engine gave up on ends as an
+error (400; a stream's error event), never as a "stop".
+
 Every request has a deadline (--request-timeout from admission): past it the request is cancelled
 (its KV slot freed) and ends like a failed one: 504, or the stream's timeout event. Every stream
 ends with its protocol's terminal event (TGI: the event with generated_text, or an error event;
@@ -35,11 +39,13 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine_builder.executor import Executor, RequestHandle, TokenEvent
+from engine_builder.runner.grammar import Constraint
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.access_log import track
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.http_errors import (
+    BAD_REQUEST,
     CLIENT_CLOSED,
     GENERATION,
     INTERNAL,
@@ -53,6 +59,7 @@ from engine_builder.server.http_errors import (
     from_trtbuild_error,
 )
 from engine_builder.server.metrics import ServerMetrics
+from engine_builder.server.structured_output import grammar_verdict
 from engine_builder.util.errors import TrtbuildError
 
 # How often a non-streaming request checks that its client is still connected: a disconnect frees
@@ -192,7 +199,7 @@ class ActiveRequest:
         self.finish_reason: str | None = None  # set by the final event: stop, length, cancelled, error, timeout
         self.error: str | None = None
         self.completion_tokens = 0
-        self.cause: str | None = None  # why the server cancelled it: disconnect, timeout, shutdown
+        self.cause: str | None = None  # why the server cancelled it: disconnect, timeout, shutdown; or grammar
         self.deadline = asyncio.get_running_loop().time() + state.config.request_timeout
         self._closed = False
 
@@ -208,6 +215,8 @@ class ActiveRequest:
         """The handle's events, ending at the request's deadline with a final "timeout" event (no token)."""
         loop = asyncio.get_running_loop()
         events = self.handle.aevents()
+        params = self.handle.params
+        answer: list[int] | None = [] if Constraint.of(params) is not None else None  # its tokens, to replay
         try:
             while True:
                 try:
@@ -223,6 +232,13 @@ class ActiveRequest:
                 if event.token_id is not None:
                     self.completion_tokens += 1
                     self.state.metrics.rate.add()
+                    if answer is not None:
+                        answer.append(event.token_id)
+                if answer is not None and event.finish_reason == "stop" and event.token_id in self._eos_ids():
+                    why = await grammar_verdict(self.state, params, answer[:-1])
+                    if why is not None:
+                        self.cause = "grammar"
+                        event = TokenEvent(None, "", None, True, "error", why)
                 if event.finished:
                     self.finish_reason, self.error = event.finish_reason, event.error
                 yield event
@@ -230,6 +246,11 @@ class ActiveRequest:
                     return
         finally:
             await events.aclose()
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        """The tokens that end an answer the grammar must have completed: EOS is all it allows then. A stop
+        string or one of the request's stop_token_ids cuts the answer where the client asked: not checked."""
+        return () if self.handle.params.ignore_eos else self.state.executor.llm.generator.eos_token_ids
 
     async def output(self, request: Request) -> RequestOutput:
         """Wait for the end (non-streaming); cancel if the client goes away meanwhile."""
@@ -274,6 +295,8 @@ def failure(finish_reason: str | None, error: str | None, cause: str | None) -> 
     """How a request that did not finish normally is reported: (kind, message), or (None, "")."""
     if finish_reason == "timeout":
         return TIMEOUT, error or "the request timed out"
+    if finish_reason == "error" and cause == "grammar":
+        return BAD_REQUEST, f"{error}; simplify the schema (fewer anyOf branches or optional keys), or send none"
     if finish_reason == "error":
         return GENERATION, f"generation failed: {error}; retry, and report it if it persists"
     if finish_reason == "cancelled" or finish_reason is None:

@@ -30,6 +30,7 @@ from engine_builder.server.generation import (
     ServerState,
     admit,
     check_capacity,
+    check_lengths,
     check_stop,
     check_top_logprobs,
     clamp_top_k,
@@ -59,8 +60,12 @@ def _check_request(state: ServerState, body: SamplingFields) -> None:
     check_stop(state.config, body.stop)
 
 
-def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprobs: int | None,
-              tool_constraint: dict[str, Any] | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+async def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, new_tokens: int, field: str,
+                    logprobs: int | None, tool_constraint: dict[str, Any] | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """The request's SamplingParams, its constraint compiled (after the length checks: no compile for a
+    request that is refused anyway)."""
+    check_lengths(state.config, prompt_len, new_tokens, field)
     constraint = openai_constraint(body)
     if tool_constraint and constraint:
         raise ApiError(VALIDATION, "response_format cannot be combined with tool_choice required or a named "
@@ -72,7 +77,7 @@ def _sampling(state: ServerState, body: SamplingFields, new_tokens: int, logprob
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
         logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, priority=body.priority, **constraint)
-    check_constraint(state, params)
+    await check_constraint(state, params)
     return params
 
 
@@ -179,7 +184,8 @@ async def completions(request: Request, body: CompletionRequest, state: ServerSt
         raise ApiError(VALIDATION, "echo with logprobs is not streamed by this server; send stream: false")
     text, ids = await _completion_prompt(state, body.prompt)
     new_tokens = max_new_tokens(state, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens")
-    params = _sampling(state, body, new_tokens, body.logprobs, prompt_logprobs=body.logprobs if scored else None)
+    params = await _sampling(state, body, len(ids), new_tokens, "max_tokens", body.logprobs,
+                             prompt_logprobs=body.logprobs if scored else None)
     echo = (text if text is not None else await off_loop(state.executor.llm.tokenizer.decode, ids)) if body.echo \
         else ""
     make = _envelope("text_completion", state.config.model_name)
@@ -241,7 +247,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = _sampling(state, body, new_tokens, logprobs, tool_plan.constraint())
+    params = await _sampling(state, body, len(ids), new_tokens, field, logprobs, tool_plan.constraint())
 
     def whole(index: int, out: RequestOutput) -> dict[str, Any]:
         content, calls = tool_calls.parse(out.text, tool_plan)

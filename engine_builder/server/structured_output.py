@@ -10,17 +10,26 @@ choice) that runner/grammar.py enforces with a token mask per step.
     TGI grammar     {"type": "json", "value": schema} | {"type": "regex", "value": "..."}
 
 A schema keyword the grammar engine cannot enforce is refused with a 400 naming it (the compile
-happens here, before admission, and is cached), never answered unconstrained.
+happens here, before admission, and is cached), never answered unconstrained. So is a constraint over
+the grammar limits (runner/grammar.py GrammarLimits: its size, an anyOf's branches, its compile time).
+The compile runs in the grammar compiler's worker thread, after the request's cheap checks (prompt
+length included), so no schema holds the event loop: /health answers while one compiles.
+
+A constrained answer that ends on a stop token is replayed through its grammar (grammar_verdict) before
+its end is reported: if llguidance gave up mid-answer (it then allows only EOS), the request ends as an
+error naming why, never as a "stop" whose text fails the schema.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_builder.runner.grammar import Constraint
-from engine_builder.server.http_errors import BAD_REQUEST, VALIDATION, ApiError
+from engine_builder.server.http_errors import BAD_REQUEST, OVERLOADED, VALIDATION, ApiError
 from engine_builder.server.schema_types import Text
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -82,13 +91,32 @@ def tgi_constraint(grammar: TgiGrammar | None) -> dict[str, Any]:
     return {"regex": grammar.value}
 
 
-def check_constraint(state: Any, params: Any) -> None:
-    """Compile the request's constraint now (cached), so a bad one is a 400 before admission."""
+async def check_constraint(state: Any, params: Any) -> None:
+    """Compile the request's constraint now (cached), in the compile worker, so a bad one is a 400
+    before admission and a slow one never holds the event loop."""
     if Constraint.of(params) is None:
         return
+    grammars = state.executor.llm.generator.grammars
     try:
-        state.executor.llm.generator.grammars.check(params)
-    except UnsupportedError as exc:
+        future = grammars.submit(params)  # the size bounds raise here, before any compile
+        await asyncio.wait_for(asyncio.wrap_future(future), grammars.limits.compile_timeout_s)
+    except TimeoutError:
+        if future.cancel():  # still queued behind other compiles: the server is busy, not the schema bad
+            raise ApiError(OVERLOADED, "the grammar compiler is busy with other schemas; retry later") from None
+        limit = grammars.limits.compile_timeout_s
+        raise ApiError(BAD_REQUEST, f"the constraint took longer than {limit:g} s to compile (the grammar limit "
+                                    "compile_timeout_s); simplify it") from None
+    except (UnsupportedError, InputError) as exc:
         raise ApiError(BAD_REQUEST, str(exc)) from None
-    except InputError as exc:
-        raise ApiError(BAD_REQUEST, str(exc)) from None
+
+
+async def grammar_verdict(state: Any, params: Any, token_ids: Sequence[int]) -> str | None:
+    """Why a constrained answer that ended on a stop token does not match its constraint, or None;
+    in a worker thread (a replay costs ~20 us a token)."""
+    if Constraint.of(params) is None:
+        return None
+    grammars = state.executor.llm.generator.grammars
+    try:
+        return await asyncio.to_thread(grammars.verdict, params, list(token_ids))
+    except (UnsupportedError, InputError) as exc:  # recompiled after eviction and refused now (too slow)
+        return str(exc)

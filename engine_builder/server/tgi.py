@@ -35,6 +35,7 @@ from engine_builder.server.generation import (
     ServerState,
     admit,
     check_capacity,
+    check_lengths,
     check_stop,
     check_top_logprobs,
     clamp_top_k,
@@ -146,7 +147,8 @@ async def _start(state: ServerState, body: TgiRequest, stream: bool) -> list[Act
     if p.truncate is not None:
         ids = ids[-p.truncate:]
     params = _sampling(state, p, len(ids), stream)
-    check_constraint(state, params)
+    check_lengths(state.config, len(ids), params.max_new_tokens, "max_new_tokens")  # before any compile
+    await check_constraint(state, params)
     if (p.best_of or 1) > 1:
         return admit_n(state, ids, params, "max_new_tokens", p.best_of)
     return [admit(state, ids, params, "max_new_tokens")]

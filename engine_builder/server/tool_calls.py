@@ -31,6 +31,9 @@ from engine_builder.server.http_errors import VALIDATION, ApiError
 from engine_builder.server.schema_types import Text
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+# OpenAI's own limit; tool_choice "required" makes one grammar branch per tool (and the grammar limits
+# of runner/grammar.py bound the schema they make together)
+MAX_TOOLS = 128
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 TOOL_CALL_OPEN = "<tool_call>"
 
@@ -111,6 +114,9 @@ class ToolPlan:
 
 def plan(tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None = None) -> ToolPlan:
     tools = tuple(tools or ())
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(VALIDATION, f"tools has {len(tools)} entries but this server takes at most {MAX_TOOLS}; "
+                                   "send the ones this request may need")
     if choice is None:
         choice = "auto" if tools else "none"
     if isinstance(choice, NamedToolChoice):
