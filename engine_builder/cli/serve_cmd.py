@@ -85,6 +85,12 @@ def serve(
     = DEFAULT_MAX_STOP_SEQUENCES,
     max_stop_sequence_chars: Annotated[int, typer.Option(help="Longest stop sequence in characters; longer is "
                                                               "refused.")] = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
+    parse_chat_special_tokens: Annotated[bool, typer.Option(
+        "--parse-chat-special-tokens",
+        help="Read special tokens' text inside chat messages and tools (e.g. <|im_end|>) as control tokens. "
+             "Default: off, it stays text, so no client can forge a turn or a system message; only the chat "
+             "template places control tokens. Raw prompts (/v1/completions, /generate) always parse them: a "
+             "client that sends a raw prompt writes the template's markers itself.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
                                                                 "sha256 its build recorded (trusted dirs only; "
                                                                 "starts faster on large engines).")] = False,
@@ -133,6 +139,7 @@ def serve(
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  max_concurrent_per_client=max_concurrent_per_client,
+                 parse_chat_special_tokens=parse_chat_special_tokens,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
                  verify=not no_verify, speculative=spec)

@@ -46,6 +46,8 @@ class ServerConfig:
     max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # stop strings per request (refused above)
     max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS  # characters per stop string (refused above)
     max_concurrent_per_client: int | None = None  # active requests per client address (429 above); None: any
+    # special tokens' text inside chat messages parsed as control tokens (a client can forge turns): off
+    parse_chat_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""
@@ -78,7 +80,8 @@ class ServerConfig:
                    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
                    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
                    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
-                   max_concurrent_per_client: int | None = None) -> ServerConfig:
+                   max_concurrent_per_client: int | None = None,
+                   parse_chat_special_tokens: bool = False) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_input = limits.max_input_len if max_input_tokens is None else max_input_tokens
@@ -92,4 +95,4 @@ class ServerConfig:
                              "with a larger --max-seq-len")
         return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
                    request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars,
-                   max_concurrent_per_client)
+                   max_concurrent_per_client, parse_chat_special_tokens)

@@ -43,6 +43,7 @@ from engine_builder.runner.grammar import Constraint
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.access_log import track
+from engine_builder.server.chat_tokens import ChatTokens
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.http_errors import (
     BAD_REQUEST,
@@ -79,6 +80,7 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     active: int = 0  # admitted generation requests not yet closed
     token_texts: TokenTexts = field(init=False)
+    chat_tokens: ChatTokens = field(init=False)  # chat messages as text (chat_tokens.py)
     requests: set[ActiveRequest] = field(init=False, default_factory=set)  # the admitted ones, for shutdown
 
     def cancel_all(self) -> None:
@@ -89,6 +91,7 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.executor, lambda: self.active)
         self.token_texts = TokenTexts(self.executor.llm.tokenizer)
+        self.chat_tokens = ChatTokens(self.executor.llm, self.config.parse_chat_special_tokens)
 
 
 class TokenTexts:

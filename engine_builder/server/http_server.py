@@ -58,6 +58,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
+          parse_chat_special_tokens: bool = False,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
@@ -90,7 +91,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_request_bytes=max_request_bytes, request_timeout=request_timeout,
                                      max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
                                      max_stop_sequence_chars=max_stop_sequence_chars,
-                                     max_concurrent_per_client=max_concurrent_per_client)
+                                     max_concurrent_per_client=max_concurrent_per_client,
+                                     parse_chat_special_tokens=parse_chat_special_tokens)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads

@@ -8,7 +8,9 @@ Defaults a request leaves out, decided on purpose:
   max_tokens  /v1/completions: 16 (OpenAI's documented default); /v1/chat/completions: all the room
       max_total_tokens leaves after the prompt (as OpenAI and vLLM do for chat).
 Chat messages go through the tokenizer's chat template (the "developer" role, OpenAI's new name
-for "system", is passed on as "system", which every template knows).
+for "system", is passed on as "system", which every template knows); special tokens' text inside them
+stays text (chat_tokens.py) unless the server runs with --parse-chat-special-tokens. A /v1/completions
+prompt is raw: special tokens in it are parsed, so a client can write a template's markers itself.
 """
 
 from __future__ import annotations
@@ -242,7 +244,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
     tool_plan = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages, tools = tool_calls.render(body.messages, tool_plan,
                                         tool_calls.template_knows_tools(state.executor.llm.tokenizer))
-    ids = await off_loop(state.executor.llm.encode_chat, messages, tools)
+    ids = await off_loop(state.chat_tokens.encode, messages, tools)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)

@@ -4,6 +4,9 @@ see exactly what a chat template renders (tools included) before it sends a requ
     /tokenize    {"prompt": "...", "add_special_tokens": true} or {"messages": [...], "tools": [...]}
                  -> {"count", "max_model_len", "tokens": [...]}
     /detokenize  {"tokens": [...]} -> {"prompt": "..."}
+
+messages are tokenized as the chat route tokenizes them (special tokens' text in them stays text, unless
+--parse-chat-special-tokens); a prompt is raw text whose special tokens are parsed, as /v1/completions does.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_st
     else:
         tool_plan = tool_calls.plan(body.tools, None)
         messages, tools = tool_calls.render(body.messages, tool_plan, tool_calls.template_knows_tools(llm.tokenizer))
-        ids = await off_loop(llm.encode_chat, messages, tools)
+        ids = await off_loop(state.chat_tokens.encode, messages, tools)
     return {"count": len(ids), "max_model_len": state.config.max_total_tokens, "tokens": list(ids)}
 
 
