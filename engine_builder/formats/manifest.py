@@ -58,6 +58,25 @@ def verified_files(engine_dir: Path) -> list[Path]:
     return sorted(f for f in Path(engine_dir).iterdir() if f.is_file() and read_by_the_engine(f.name))
 
 
+def check_file_names(engine_dir: Path, names: list[str]) -> None:
+    """Every file a manifest names is a plain name of a file inside ENGINE_DIR: no `..`, no separator, no
+    absolute path, no symbolic link out of the dir. A manifest naming `../../x` had `verify` hash another
+    dir's file (and print a prefix of its hash) and `run` load weights from there; a build only ever
+    records its own files, so anything else is a tampered or foreign manifest: InputError."""
+    where = Path(engine_dir) / CONFIG_FILE
+    rebuild = f"rebuild the engine dir (`trtbuild build <ckpt-dir> {engine_dir} --force`)"
+    root = Path(engine_dir).resolve()
+    for name in names:
+        if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name
+                or Path(name).is_absolute()):
+            raise InputError(f"{where} names the file {name!r}, which is not a plain file name inside the engine "
+                             f"dir (a build records only its own files: a tampered or foreign manifest); {rebuild}")
+        file = Path(engine_dir) / name
+        if file.is_symlink() and file.resolve().parent != root:
+            raise InputError(f"{file} is a symbolic link out of the engine dir (the manifest records only the "
+                             f"dir's own files); {rebuild}")
+
+
 @dataclass(frozen=True)
 class FileDigest:
     """One file the engine reads, as the build wrote it."""
@@ -175,9 +194,11 @@ class EngineManifest:
             manifest.build.validate()  # the limits every runtime reads are checked here, once
             if manifest.model is not None:
                 manifest.model.validate()
-            return manifest
         except (ConfigError, TypeError, ValueError, KeyError) as exc:
             message = str(exc).replace("\n", " ")
             raise InputError(f"{manifest_path} (engine schema {ENGINE_SCHEMA_VERSION}) is incomplete or from "
                              f"another trtbuild ({message}); {rebuild}") from None
+        # before any command reads or hashes a file it names (verify, run, serve, inspect all load here)
+        check_file_names(path, [d.name for d in manifest.files])
+        return manifest
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from engine_builder.formats.manifest import EngineManifest, FileDigest, verified_files
+from engine_builder.formats.manifest import EngineManifest, FileDigest, check_file_names, verified_files
 from engine_builder.runner.verified_record import Fingerprint, add_to_record, fingerprint, read_record
 from engine_builder.util.errors import InputError
 from engine_builder.util.file_hash import sha256_file
@@ -58,6 +58,7 @@ def verify_engine_dir(path: Path | str, manifest: EngineManifest | None = None,
     unchanged since this process or a recorded verification hashed it is not hashed again."""
     path = Path(path)
     manifest = manifest if manifest is not None else EngineManifest.load(path)
+    check_file_names(path, [d.name for d in manifest.files])  # again for a manifest not read by load()
     recorded = {d.name for d in manifest.files}
     extra = [FileVerdict(f.name, "unrecorded", f.stat().st_size, None, None, None)
              for f in verified_files(path) if f.name not in recorded]
@@ -103,6 +104,7 @@ class PendingCheck:
 
     def __init__(self, path: Path, manifest: EngineManifest) -> None:
         self._path, self._manifest = Path(path), manifest
+        check_file_names(self._path, [d.name for d in manifest.files])
         recorded = {d.name for d in manifest.files}
         stat_only = [_stat_verdict(self._path, d) for d in manifest.files]
         stat_only += [FileVerdict(f.name, "unrecorded", f.stat().st_size, None, None, None)
