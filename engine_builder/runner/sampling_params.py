@@ -21,6 +21,12 @@ from engine_builder.util.errors import InputError
 # checkpoint sets top_k (GenerationConfig._get_default_generation_params); merged configs
 # reproduce that so `trtbuild run` draws from the same distribution as HF for that model.
 HF_DEFAULT_TOP_K = 50
+# Upper bounds where a larger value changes nothing that matters: at temperature 100 a real model's logit
+# spread (~30) shrinks to 0.3, a draw already close to uniform over the vocabulary; a repetition penalty of
+# 100 already all but removes a repeated token. Far beyond, values overflow: temperature 1e308 was
+# accepted and its scaled logits overflowed; length_penalty is an exponent of the length.
+MAX_TEMPERATURE = 100.0
+MAX_PENALTY_FACTOR = 100.0
 # Below this a temperature means greedy, as in vLLM (_SAMPLING_EPS): dividing logits by a
 # tiny temperature overflows float32 to inf, and inf - inf = NaN in the softmax.
 GREEDY_TEMPERATURE = 1e-5
@@ -78,11 +84,13 @@ class SamplingParams:
         """Raise InputError naming the first out-of-range field and its valid range."""
         _check_int(self.max_new_tokens, "max_new_tokens", lambda v: v >= 1, ">= 1")
         if self.temperature is not None:
-            _check_num(self.temperature, "temperature", lambda v: v >= 0, ">= 0 (0 = greedy)")
+            _check_num(self.temperature, "temperature", lambda v: 0 <= v <= MAX_TEMPERATURE,
+                       f"in [0, {MAX_TEMPERATURE:g}] (0 = greedy)")
         _check_int(self.top_k, "top_k", lambda v: v >= 0, ">= 0 (0 = off)")
         _check_num(self.top_p, "top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 = off)")
         _check_num(self.min_p, "min_p", lambda v: 0 <= v <= 1, "in [0, 1] (0 = off)")
-        _check_num(self.repetition_penalty, "repetition_penalty", lambda v: v > 0, "> 0 (1 = off)")
+        _check_num(self.repetition_penalty, "repetition_penalty", lambda v: 0 < v <= MAX_PENALTY_FACTOR,
+                   f"in (0, {MAX_PENALTY_FACTOR:g}] (1 = off)")
         # OpenAI's range; beyond it the penalty swamps the logits
         _check_num(self.presence_penalty, "presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)")
         _check_num(self.frequency_penalty, "frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)")
@@ -97,7 +105,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", lambda v: v >= 0, "None (off) or an integer >= 0 (top alternatives)")
         _check_int(self.num_beams, "num_beams", lambda v: v >= 1, ">= 1 (1 = no beam search)")
-        _check_num(self.length_penalty, "length_penalty", lambda v: True, "a finite number (1.0 = neutral)")
+        _check_num(self.length_penalty, "length_penalty", lambda v: abs(v) <= MAX_PENALTY_FACTOR,
+                   f"in [-{MAX_PENALTY_FACTOR:g}, {MAX_PENALTY_FACTOR:g}] (1.0 = neutral)")
         _check_bool(self.early_stopping, "early_stopping")
         _check_int(self.priority, "priority", lambda v: -(2**31) <= v < 2**31,
                    "an integer (lower runs first; 0 by default)")

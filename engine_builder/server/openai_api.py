@@ -73,12 +73,16 @@ async def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, n
         raise ApiError(VALIDATION, "response_format cannot be combined with tool_choice required or a named "
                                    "function (the tool's schema already constrains the output)")
     constraint = tool_constraint or constraint
-    # stop: a string or a list, as OpenAI allows; SamplingParams takes both
+    # stop: a string or a list, as OpenAI allows; SamplingParams takes both ("" is refused as [""] is)
     params = state.executor.llm.default_params(
         max_new_tokens=new_tokens, temperature=body.temperature, top_p=body.top_p, top_k=clamp_top_k(state, body.top_k),
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop or None, logprobs=logprobs,
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop, logprobs=logprobs,
         logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, priority=body.priority, **constraint)
+    vocab = state.executor.llm.backend.vocab_size
+    bad = next((t for t, _ in params.logit_bias or () if t >= vocab), None)
+    if bad is not None:  # the sampler would skip it: refused, as a prompt id past the vocabulary is
+        raise ApiError(VALIDATION, f"logit_bias token ids must be in [0, {vocab}), got {bad}")
     await check_constraint(state, params)
     return params
 

@@ -63,7 +63,7 @@ def test_prompt_from_stdin_and_seeded_sampling(tiny_engine):
     (["--prompt", "w3", "--max-new-tokens", "200"], "error: prompt 1 tokens + max_new_tokens 200 = 201 exceeds "
                                                     "the engine's max_seq_len 96"),
     (["--prompt", "w3", "--top-p", "2"], "error: top_p must be in (0, 1] (1 = off), got 2.0"),
-    (["--prompt", "w3", "--temperature", "-1"], "error: temperature must be >= 0 (0 = greedy), got -1.0"),
+    (["--prompt", "w3", "--temperature", "-1"], "error: temperature must be in [0, 100] (0 = greedy), got -1.0"),
     (["--prompt", "w3", "--num-beams", "0"], "error: num_beams must be >= 1"),
     (["--prompt", "w3", "--backend", "tensorrt"], "error: cannot use the TensorRT engine"),
     (["--prompt", "w3", "--backend", "cuda"], "error: backend 'cuda' is not one of auto, onnxruntime, tensorrt"),

@@ -10,8 +10,9 @@ from engine_builder.util.errors import InputError
 
 BAD = [
     ("max_new_tokens", 0, ">= 1"),
-    ("temperature", -0.1, ">= 0"),
-    ("temperature", float("nan"), ">= 0"),
+    ("temperature", -0.1, "in [0, 100]"),
+    ("temperature", float("nan"), "in [0, 100]"),
+    ("temperature", 1e308, "in [0, 100]"),  # accepted before, and overflowed the scaled logits
     ("top_k", -1, ">= 0"),
     ("top_k", 2.5, ">= 0"),
     ("top_k", True, ">= 0"),
@@ -19,16 +20,19 @@ BAD = [
     ("top_p", 1.5, "in (0, 1]"),
     ("min_p", -0.01, "in [0, 1]"),
     ("min_p", 1.01, "in [0, 1]"),
-    ("repetition_penalty", 0.0, "> 0"),
+    ("repetition_penalty", 0.0, "in (0, 100]"),
+    ("repetition_penalty", 1e308, "in (0, 100]"),
     ("presence_penalty", 2.5, "in [-2, 2]"),
     ("frequency_penalty", -3.0, "in [-2, 2]"),
     ("seed", -1, ">= 0"),
     ("stop", ["ok", ""], "non-empty strings"),
+    ("stop", "", "non-empty strings"),  # one empty string, as [""]
     ("stop", 5, "a list"),
     ("stop_token_ids", [2, -1], "token ids >= 0"),
     ("logprobs", -1, "integer >= 0"),
     ("num_beams", 0, ">= 1"),
-    ("length_penalty", float("inf"), "finite"),
+    ("length_penalty", float("inf"), "in [-100, 100]"),
+    ("length_penalty", 1e308, "in [-100, 100]"),
     ("early_stopping", "never", "true or false"),
     ("ignore_eos", 1, "true or false"),
 ]

@@ -75,6 +75,9 @@ def test_malformed_json_is_400_on_openai_routes_and_422_on_tgi_routes(server):
     ("/v1/completions", {"prompt": ["Hi", "there"]}, "one prompt"),
     ("/v1/completions", {"prompt": "Hi", "presence_penalty": 5}, "presence_penalty"),
     ("/v1/completions", {}, "prompt: Field required"),
+    ("/v1/chat/completions", {**CHAT, "temperature": 1e308}, "temperature must be in [0, 100]"),
+    ("/v1/chat/completions", {**CHAT, "stop": ""}, "non-empty strings"),  # as stop: [""] is
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"49152": 5}}, "logit_bias token ids must be in [0, 49152)"),
 ])
 def test_bad_openai_fields_are_400(server, path, body, needle):
     assert_openai_error(post(server, path, body), 400, needle)
@@ -105,7 +108,7 @@ def test_wrong_types_are_400_naming_the_field(server, path, body, param):
     ({"inputs": "Hi", "parameters": {"top_k": "x"}}, "parameters.top_k"),
     ({"inputs": "Hi", "parameters": {"max_new_tokens": -3}}, "max_new_tokens must be >= 1"),
     ({"inputs": "Hi", "parameters": {"watermark": True}}, "watermark are not supported"),
-    ({"inputs": "Hi", "parameters": {"repetition_penalty": 0}}, "repetition_penalty must be > 0"),
+    ({"inputs": "Hi", "parameters": {"repetition_penalty": 0}}, "repetition_penalty must be in (0, 100]"),
     ({"inputs": "Hi", "bogus": 1}, "bogus: Extra inputs are not permitted"),
 ])
 def test_bad_tgi_fields_are_422(server, body, needle):
