@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from engine_builder.router.router_config import DEFAULT_HEALTH_INTERVAL_S, POLICIES
+from engine_builder.router.router_config import DEFAULT_FIRST_BYTE_TIMEOUT_S, DEFAULT_HEALTH_INTERVAL_S, POLICIES
 
 
 def route(
@@ -26,6 +26,11 @@ def route(
     health_interval: Annotated[float, typer.Option(help="Seconds between health checks of each replica (GET "
                                                         "/health); a failing one is taken out, put back when it "
                                                         "answers again.")] = DEFAULT_HEALTH_INTERVAL_S,
+    first_byte_timeout: Annotated[float, typer.Option(
+        help="Seconds to wait for a replica's first byte (a stream's first event; a non-streamed answer comes "
+             "whole when it is complete, so set this above your longest non-streamed generation, or stream). "
+             "Past it the replica is taken out as hung for 30 s and the request, which has sent its client "
+             "nothing yet, goes to another replica.")] = DEFAULT_FIRST_BYTE_TIMEOUT_S,
 ) -> None:
     """Route TGI and OpenAI requests over several `trtbuild serve` replicas: streaming passed through,
     failover (a request whose replica fails before it streamed anything goes to another one),
@@ -40,5 +45,6 @@ def route(
     from engine_builder.router.router_server import route as run_router
 
     run_router(backend or [], policy=policy, host=host, port=port, health_interval=health_interval,
+               first_byte_timeout=first_byte_timeout,
                on_ready=lambda url: print(f"routing at {url}", flush=True),
                log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -45,10 +45,11 @@ class RouterApp:
 
 
 def create_app(pool: BackendPool, policy: Policy, metrics: RouterMetrics,
-               transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout = httpx.Timeout(None)) -> RouterApp:
+               transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout = httpx.Timeout(None),
+               first_byte_timeout: float | None = None) -> RouterApp:
     # the replicas' /docs and /openapi.json are forwarded: the router has no API of its own to describe
     app = FastAPI(title="trtbuild route", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    proxy = Proxy(pool, policy, metrics, transport, timeout)
+    proxy = Proxy(pool, policy, metrics, transport, timeout, first_byte_timeout)
 
     @app.get("/health")
     async def health() -> Response:

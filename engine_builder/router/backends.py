@@ -2,7 +2,9 @@
 
 A backend is taken out when a request cannot reach it (connection refused or reset, the stream cut)
 or a health check fails (GET /health not 200 within the timeout), and put back by the first health
-check that answers 200. Taken out means no new request picks it; requests already streaming from it
+check that answers 200. One taken out because it sent no first byte in time (proxy.py) is held out for
+HUNG_HOLD_S first: a hung replica may still answer /health, and each request it takes costs its client
+the whole timeout. Taken out means no new request picks it; requests already streaming from it
 keep going for as long as it answers.
 """
 
@@ -10,10 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
+
+# Seconds a replica taken out for a missed first byte stays out whatever its health checks say
+HUNG_HOLD_S = 30.0
 
 
 @dataclass(eq=False)
@@ -22,6 +28,7 @@ class Backend:
     healthy: bool = False  # until the first check answers
     in_flight: int = 0  # requests forwarded and not yet ended (streams included)
     reason: str = "not checked yet"  # why it is out, for the log
+    held_until: float = 0.0  # time.monotonic() before which no health check puts it back
 
     def __hash__(self) -> int:
         return id(self)
@@ -37,7 +44,9 @@ class BackendPool:
     def healthy(self, exclude: set[Backend] = frozenset()) -> list[Backend]:
         return [b for b in self.backends if b.healthy and b not in exclude]
 
-    def mark_down(self, backend: Backend, reason: str) -> None:
+    def mark_down(self, backend: Backend, reason: str, hold_s: float = 0.0) -> None:
+        if hold_s:
+            backend.held_until = time.monotonic() + hold_s
         if backend.healthy:
             self._log(f"backend {backend.url} taken out: {reason}")
             if self._on_down is not None:
@@ -57,7 +66,8 @@ class BackendPool:
             self.mark_down(backend, f"health check failed ({type(exc).__name__}: {exc or 'no answer'})")
             return
         if r.status_code == 200:
-            self.mark_up(backend)
+            if time.monotonic() >= backend.held_until:
+                self.mark_up(backend)
         else:
             self.mark_down(backend, f"GET /health answered {r.status_code}")
 

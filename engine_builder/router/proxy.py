@@ -6,6 +6,11 @@ Per request: the policy picks a healthy backend not tried yet; the request goes 
     client yet, so a retry is invisible to it). A 503 (replica stopping) is retried the same way.
   - a stream is relayed chunk by chunk as the backend writes it; if the backend dies mid-stream the
     stream ends with the API's error event (and [DONE] on OpenAI routes): the client never hangs.
+  - no first byte within --first-byte-timeout (a stream's first event, a non-streamed answer whole): the
+    backend is taken out as hung (held out for backends.HUNG_HOLD_S whatever its /health says) and the
+    request goes to the next backend, as above.
+  - the client leaves before the first byte: the backend's request is closed (so `serve` cancels it and
+    frees its KV slot) and nothing is retried; a stream's client leaving later closes it the same way.
   - anything else the backend answers (200, 4xx, other 5xx) goes to the client unchanged: status, body
     and headers (but the hop-by-hop ones).
 No backend left: 503 with Retry-After in the API's error shape (api_errors.py).
@@ -18,7 +23,10 @@ per request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 from fastapi import Request, Response
@@ -26,7 +34,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine_builder.router import api_errors
-from engine_builder.router.backends import Backend, BackendPool
+from engine_builder.router.backends import HUNG_HOLD_S, Backend, BackendPool
 from engine_builder.router.policies import Policy
 from engine_builder.router.prompt_text import prompt_text
 from engine_builder.router.router_metrics import RouterMetrics
@@ -42,6 +50,17 @@ RETRIED_STATUSES = frozenset({503})
 
 class _Failed(Exception):
     """The attempt failed before anything reached the client: try another backend."""
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the first byte: nobody is left to answer."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects. The body was read already, so the next ASGI message is
+    http.disconnect; cancelled before the response starts (a StreamingResponse listens for it itself)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class RelayedStream(StreamingResponse):
@@ -63,8 +82,9 @@ class RelayedStream(StreamingResponse):
 
 class Proxy:
     def __init__(self, pool: BackendPool, policy: Policy, metrics: RouterMetrics, transport: httpx.AsyncBaseTransport,
-                 timeout: httpx.Timeout) -> None:
+                 timeout: httpx.Timeout, first_byte_timeout: float | None = None) -> None:
         self.pool, self.policy, self.metrics, self.transport = pool, policy, metrics, transport
+        self.first_byte_timeout = first_byte_timeout
         self._extensions = {"timeout": timeout.as_dict()}  # what httpx.Client would attach to each request
 
     async def handle(self, request: Request) -> Response:
@@ -79,6 +99,8 @@ class Proxy:
             last = not self.pool.healthy(exclude=tried)
             try:
                 return await self._attempt(backend, request, headers, body, retry_503=not last)
+            except _ClientGone:  # nobody reads it: nginx's "client closed request"
+                return Response(status_code=499)
             except _Failed:
                 if self.pool.healthy(exclude=tried):
                     self.metrics.retries.inc()
@@ -101,34 +123,61 @@ class Proxy:
                 if resp is not None:
                     await resp.aclose()
 
-        resp = None
-        try:
+        resp: httpx.Response | None = None
+
+        async def first_byte() -> tuple[bool, Any]:
+            """(streaming, the stream's first chunk and its iterator | the whole answer)."""
+            nonlocal resp
             resp = await self.transport.handle_async_request(outgoing)
             if resp.status_code >= 500:
                 self.metrics.errors.labels(backend.url).inc()
                 if resp.status_code in RETRIED_STATUSES and retry_503:
                     self.pool.mark_down(backend, f"it answered {resp.status_code}")
                     raise _Failed
-            streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
-            if streaming:
+            if resp.headers.get("content-type", "").startswith("text/event-stream"):
                 chunks = resp.aiter_raw()
-                first = await anext(chunks, b"")  # the first token: a replica that dies in prefill is retried
-            else:
-                content = await resp.aread()  # the whole answer: a replica that dies before it is retried
+                return True, (await anext(chunks, b""), chunks)  # a replica that dies in prefill is retried
+            return False, await resp.aread()  # the whole answer: a replica that dies before it is retried
+
+        waiting = asyncio.ensure_future(first_byte())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({waiting, gone}, timeout=self.first_byte_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if waiting not in done:  # hung, or its client left: the backend's request is closed either way
+                waiting.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiting
+                await close(resp)
+                if gone in done:
+                    raise _ClientGone
+                self.metrics.errors.labels(backend.url).inc()
+                self.pool.mark_down(backend, f"no first byte within {self.first_byte_timeout:g} s "
+                                             "(--first-byte-timeout)", hold_s=HUNG_HOLD_S)
+                raise _Failed
+            streaming, got = waiting.result()
         except httpx.TransportError as exc:
             self.metrics.errors.labels(backend.url).inc()
             self.pool.mark_down(backend, f"{type(exc).__name__}: {exc or 'connection lost'}")
             await close(resp)
             raise _Failed from None
-        except BaseException:
+        except (_Failed, _ClientGone):
             await close(resp)
             raise
+        except BaseException:
+            waiting.cancel()
+            await close(resp)
+            raise
+        finally:
+            gone.cancel()
+        assert resp is not None
         out_headers = [(k.lower(), v) for k, v in resp.headers.raw if k.lower() not in _RESPONSE_DROP]
         if not streaming:
             await close(resp)
-            response = Response(content, status_code=resp.status_code)
+            response = Response(got, status_code=resp.status_code)
             response.raw_headers.extend(out_headers)
             return response
+        first, chunks = got
         return RelayedStream(self._relay(backend, request.url.path, first, chunks), resp.status_code, out_headers,
                              on_close=lambda: close(resp))
 

@@ -16,6 +16,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # Longest wait for the next byte from a backend: above `serve`'s own --request-timeout (600 s), so a
 # working replica always answers first (504 or its timeout event); only a hung one meets this.
 DEFAULT_BACKEND_TIMEOUT_S = 630.0
+# Longest wait for a backend's first byte (a stream's first event; a non-streamed answer, which `serve`
+# sends whole at its end, is its first byte): past it the replica is taken out as hung and the request,
+# which has sent nothing to its client yet, goes to another replica. A replica that answered /health but
+# never a request once held every client for the 630 s above.
+DEFAULT_FIRST_BYTE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class RouterConfig:
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     backend_timeout: float = DEFAULT_BACKEND_TIMEOUT_S
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
 
     @classmethod
     def create(cls, backends: list[str] | tuple[str, ...] | None, policy: str = "round-robin",

@@ -55,7 +55,7 @@ async def _run(config: RouterConfig, sock: socket.socket, on_ready: Callable[[st
             if not b.healthy:
                 log(f"backend {b.url} is not answering yet ({b.reason}); it is put in once healthy")
         checks = asyncio.create_task(pool.health_loop(client, config.health_interval, config.health_timeout))
-        app = create_app(pool, policy, metrics, transport, timeout)
+        app = create_app(pool, policy, metrics, transport, timeout, config.first_byte_timeout)
         # lifespan off: nothing to start; access log off: a line per request costs more than /metrics tells
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S))

@@ -57,11 +57,12 @@ class Replica:
 class Router:
     """`python -m engine_builder.cli route --backend A --backend B ... --port 0`: its URL from its ready line."""
 
-    def __init__(self, backends: list[str], policy: str, health_interval: float = HEALTH_INTERVAL_S) -> None:
+    def __init__(self, backends: list[str], policy: str, health_interval: float = HEALTH_INTERVAL_S,
+                 *flags: str) -> None:
         args = [a for url in backends for a in ("--backend", url)]
         self.log_file = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "engine_builder.cli", "route", *args, "--policy", policy,
-                                      "--port", "0", "--health-interval", str(health_interval)],
+                                      "--port", "0", "--health-interval", str(health_interval), *flags],
                                      stdout=subprocess.PIPE, stderr=self.log_file, text=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

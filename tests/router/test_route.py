@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
-from route_processes import Router, free_port
+from hung_replica import HungReplica
+from route_processes import HEALTH_INTERVAL_S, Router, free_port
 from typer.testing import CliRunner
 
 from engine_builder.cli.commands import app
@@ -184,3 +185,45 @@ def test_bad_cli_input_fails_in_one_line():
         lines = r.stderr.strip().splitlines()
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (
             args, r.stderr)
+
+
+def test_a_hung_replica_is_timed_out_taken_out_and_the_request_served_by_another(replicas):
+    """Issue 36 MEDIUM 6: a replica answering /health but no request held every client for 630 s."""
+    hung = HungReplica()
+    try:
+        for stream in (False, True):  # a router each: the first request meets the hung replica (round-robin)
+            router = Router([hung.url, replicas[0].url], "round-robin", HEALTH_INTERVAL_S, "--first-byte-timeout", "1")
+            try:
+                router.wait_healthy(hung.url)
+                router.wait_healthy(replicas[0].url)
+                client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0, timeout=120)
+                for _ in range(2):
+                    r = client.completions.create(model="tiny", prompt="w3 w4", max_tokens=3, stream=stream)
+                    assert (list(r) if stream else r.choices)
+                assert router.backend_metric("healthy", hung.url) == 0  # held out though its /health answers
+                assert router.metrics()["trtbuild_router_retries_total"] == 1  # the second request never met it
+                assert "no first byte within 1 s" in router.log()
+            finally:
+                assert router.stop() == 0
+        assert hung.requests == 2
+    finally:
+        hung.close()
+
+
+def test_a_client_that_leaves_before_the_first_byte_cancels_the_upstream_request():
+    hung = HungReplica()
+    router = Router([hung.url], "round-robin", HEALTH_INTERVAL_S, "--first-byte-timeout", "600")
+    try:
+        router.wait_healthy(hung.url)
+        try:
+            httpx.post(f"{router.url}/v1/completions", json={"prompt": "w3", "max_tokens": 2}, timeout=0.5)
+        except httpx.TimeoutException:
+            pass  # the client gives up and closes its connection
+        deadline = time.monotonic() + 60
+        while hung.closed < 1:  # the router closes its request to the replica (serve would cancel it)
+            assert time.monotonic() < deadline, router.log()
+            time.sleep(0.05)
+        assert hung.requests == 1 and router.backend_metric("healthy", hung.url) == 1  # not the replica's fault
+    finally:
+        hung.close()
+        assert router.stop() == 0
