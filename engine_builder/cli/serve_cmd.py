@@ -25,6 +25,7 @@ from engine_builder.server.config import (
     DEFAULT_MAX_TOP_LOGPROBS,
     DEFAULT_REQUEST_TIMEOUT_S,
 )
+from engine_builder.server.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from engine_builder.server.http_server import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
@@ -91,6 +92,12 @@ def serve(
              "Default: off, it stays text, so no client can forge a turn or a system message; only the chat "
              "template places control tokens. Raw prompts (/v1/completions, /generate) always parse them: a "
              "client that sends a raw prompt writes the template's markers itself.")] = False,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a connection has to send a request's headers, from "
+                                                       "its opening or its previous response's end; then it is "
+                                                       "closed (idle and slow-header connections).")]
+    = DEFAULT_HEADER_TIMEOUT_S,
+    max_connections: Annotated[int, typer.Option(help="Open connections beyond which a new request is answered 503 "
+                                                      "at once.")] = DEFAULT_MAX_CONNECTIONS,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
                                                                 "sha256 its build recorded (trusted dirs only; "
                                                                 "starts faster on large engines).")] = False,
@@ -139,7 +146,8 @@ def serve(
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  max_concurrent_per_client=max_concurrent_per_client,
-                 parse_chat_special_tokens=parse_chat_special_tokens,
+                 parse_chat_special_tokens=parse_chat_special_tokens, header_timeout=header_timeout,
+                 max_connections=max_connections,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
                  verify=not no_verify, speculative=spec)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import socket
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from engine_builder.server.config import (
     DEFAULT_REQUEST_TIMEOUT_S,
     ServerConfig,
 )
+from engine_builder.server.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, bounded_protocol
 from engine_builder.util.errors import InputError
 from engine_builder.util.listen_socket import bind, signals_ignored_after_uvicorn, url_of
 
@@ -58,7 +60,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
-          parse_chat_special_tokens: bool = False,
+          parse_chat_special_tokens: bool = False, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
@@ -76,6 +79,11 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if log_format is not None and log_format not in LOG_FORMATS:
         raise InputError(f"--log-format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    if not (math.isfinite(header_timeout) and header_timeout > 0):
+        raise InputError(f"--header-timeout must be a number of seconds > 0, got {header_timeout}")
+    if max_connections < 1:
+        raise InputError(f"--max-connections must be >= 1, got {max_connections}")
+    bounds = (header_timeout, max_connections)
     if shutdown_timeout < 0:
         raise InputError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout}")
     engine = EngineDir.load(engine_dir, verify=False)  # the limits only: LLM() below checks the files, once
@@ -102,7 +110,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
 
         with contextlib.closing(sock), embedding_app(engine_dir, config, backend=backend, threads=threads,
                                                      log=log, verify=verify) as app, signals_ignored_after_uvicorn():
-            asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
+            asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready, bounds))
         return
 
     from engine_builder.runner.llm import LLM
@@ -123,7 +131,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
             app = create_app(executor, config, access_log=log if log_format else None,
                              log_format=log_format or "text")  # type: ignore[arg-type]
             with signals_ignored_after_uvicorn():
-                asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready))
+                asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready, bounds))
         finally:
             executor.shutdown(drain=False)
 
@@ -141,13 +149,17 @@ def _speculative_summary(config: SpeculativeConfig | None) -> str:
 
 
 async def _run_uvicorn(app: object, sock: socket.socket, shutdown_timeout: float,
-                       on_ready: Callable[[str], None]) -> None:
+                       on_ready: Callable[[str], None],
+                       bounds: tuple[float, int] = (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS)) -> None:
     import uvicorn
 
     # lifespan off: the executor's life is serve()'s; access log off: a line per token-stream
     # request costs more than it tells on a busy server (/metrics counts them)
+    # connection bounds (connection_limits.py): late headers close the connection, too many get 503
+    header_timeout, max_connections = bounds
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)
+                            timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S,
+                            http=bounded_protocol(header_timeout), limit_concurrency=max_connections)
     server = _uvicorn_server(config, app.state.server, shutdown_timeout)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
