@@ -24,6 +24,7 @@ from engine_builder.server.config import (
     DEFAULT_MAX_STOP_SEQUENCES,
     DEFAULT_MAX_TOP_LOGPROBS,
     DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_STALLED_STREAM_TIMEOUT_S,
 )
 from engine_builder.server.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from engine_builder.server.http_server import DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -96,6 +97,9 @@ def serve(
                                                        "its opening or its previous response's end; then it is "
                                                        "closed (idle and slow-header connections).")]
     = DEFAULT_HEADER_TIMEOUT_S,
+    stalled_stream_timeout: Annotated[float, typer.Option(
+        help="Seconds a response may wait on a client that reads nothing (its socket full); then the request "
+             "is cancelled, its slot freed and the connection closed.")] = DEFAULT_STALLED_STREAM_TIMEOUT_S,
     max_connections: Annotated[int, typer.Option(help="Open connections beyond which a new request is answered 503 "
                                                       "at once.")] = DEFAULT_MAX_CONNECTIONS,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip checking the engine's files against the "
@@ -147,7 +151,7 @@ def serve(
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
                  max_concurrent_per_client=max_concurrent_per_client,
                  parse_chat_special_tokens=parse_chat_special_tokens, header_timeout=header_timeout,
-                 max_connections=max_connections,
+                 max_connections=max_connections, stalled_stream_timeout=stalled_stream_timeout,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
                  verify=not no_verify, speculative=spec)

@@ -24,6 +24,7 @@ from engine_builder.server.config import ServerConfig
 from engine_builder.server.generation import ServerState
 from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
 from engine_builder.server.metrics import CONTENT_TYPE
+from engine_builder.server.stalled_clients import StalledClientMiddleware
 from engine_builder.util.version import __version__
 
 
@@ -42,6 +43,7 @@ def create_app(executor: Executor, config: ServerConfig, access_log: Callable[[s
     install_error_handlers(app, on_error=count_rejected)
     # outermost last: the key is checked first, then the client's requests in flight, then the body's size,
     # before anything reads it
+    app.add_middleware(StalledClientMiddleware, timeout=config.stalled_stream_timeout)  # innermost: around sends
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=count_rejected)
     if config.max_concurrent_per_client is not None:
         app.add_middleware(ClientLimitMiddleware, limit=config.max_concurrent_per_client, on_reject=count_rejected)

@@ -31,6 +31,9 @@ DEFAULT_MAX_TOP_LOGPROBS = 20
 # Stop sequences per request and characters per sequence: 4 is OpenAI's and TGI's limit.
 DEFAULT_MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_STOP_SEQUENCE_CHARS = 256
+# Seconds one send of a response may wait on a client that reads nothing (server/stalled_clients.py): a
+# client that reads at all, however slowly, unblocks it far sooner.
+DEFAULT_STALLED_STREAM_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class ServerConfig:
     max_concurrent_per_client: int | None = None  # active requests per client address (429 above); None: any
     # special tokens' text inside chat messages parsed as control tokens (a client can forge turns): off
     parse_chat_special_tokens: bool = False
+    # seconds a response's send may wait on a client that reads nothing; then it is cancelled (stalled_clients.py)
+    stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""
@@ -68,6 +73,9 @@ class ServerConfig:
                             ("--max-stop-sequences", self.max_stop_sequences)):
             if value < 0:
                 raise InputError(f"{flag} must be >= 0 (0 turns the feature off), got {value}")
+        if not (math.isfinite(self.stalled_stream_timeout) and self.stalled_stream_timeout > 0):
+            raise InputError(f"--stalled-stream-timeout must be a number of seconds > 0, got "
+                             f"{self.stalled_stream_timeout}")
         if self.max_stop_sequence_chars < 1:
             raise InputError(f"--max-stop-sequence-chars must be >= 1, got {self.max_stop_sequence_chars}")
 
@@ -81,7 +89,8 @@ class ServerConfig:
                    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
                    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
                    max_concurrent_per_client: int | None = None,
-                   parse_chat_special_tokens: bool = False) -> ServerConfig:
+                   parse_chat_special_tokens: bool = False,
+                   stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_input = limits.max_input_len if max_input_tokens is None else max_input_tokens
@@ -95,4 +104,4 @@ class ServerConfig:
                              "with a larger --max-seq-len")
         return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
                    request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars,
-                   max_concurrent_per_client, parse_chat_special_tokens)
+                   max_concurrent_per_client, parse_chat_special_tokens, stalled_stream_timeout)

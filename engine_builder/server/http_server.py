@@ -34,6 +34,7 @@ from engine_builder.server.config import (
     DEFAULT_MAX_STOP_SEQUENCES,
     DEFAULT_MAX_TOP_LOGPROBS,
     DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_STALLED_STREAM_TIMEOUT_S,
     ServerConfig,
 )
 from engine_builder.server.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, bounded_protocol
@@ -61,7 +62,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
           parse_chat_special_tokens: bool = False, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
-          max_connections: int = DEFAULT_MAX_CONNECTIONS,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS, stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
@@ -100,7 +101,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_top_logprobs=max_top_logprobs, max_stop_sequences=max_stop_sequences,
                                      max_stop_sequence_chars=max_stop_sequence_chars,
                                      max_concurrent_per_client=max_concurrent_per_client,
-                                     parse_chat_special_tokens=parse_chat_special_tokens)
+                                     parse_chat_special_tokens=parse_chat_special_tokens,
+                                     stalled_stream_timeout=stalled_stream_timeout)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads

@@ -1,6 +1,7 @@
 """Connection bounds of `trtbuild serve` (issue 36, MEDIUM 7): a connection that sends no request, or its headers
 a byte at a time, is closed after --header-timeout; past --max-connections a request is answered 503 at once.
-Raw sockets against a live server of the tiny engine."""
+Raw sockets against a live server of the tiny engine. (A stream whose client reads nothing: test_serve_stream_ends.py,
+where a request lasts long enough to be stuck mid-stream.)"""
 
 from __future__ import annotations
 
@@ -62,3 +63,4 @@ def test_past_max_connections_a_request_is_503_until_idle_ones_are_closed(tiny_s
     r = httpx.post(f"{tiny_server.url}/generate", json={"inputs": "w3 w4", "parameters": {"max_new_tokens": 3}},
                    timeout=WAIT_S)
     assert r.status_code == 200 and r.json()["generated_text"]
+

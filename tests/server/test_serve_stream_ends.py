@@ -10,7 +10,10 @@ step is slowed to STEP_S, so a request takes seconds. Real clients: httpx and th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import json
 import socket
 import threading
 import time
@@ -179,3 +182,39 @@ def test_503_carries_retry_after(tiny_serve_engine):
             for r in (httpx.get(f"{url}/health"), httpx.post(f"{url}/generate", json={"inputs": "w5"}),
                       httpx.post(f"{url}/v1/completions", json={"prompt": "w5"})):
                 assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+
+
+def test_a_stream_whose_client_reads_nothing_is_cancelled_and_frees_its_slot(slow):
+    """Issue 36 MEDIUM 7: the app itself (a second one over the same executor, --stalled-stream-timeout 0.5) with
+    uvicorn's side played by an ASGI send that never returns once the body starts, as uvicorn's send blocks on a
+    socket whose client reads nothing (loopback buffers hold megabytes: more than this tiny engine can write)."""
+    url, state = slow
+    cancelled = state.executor.stats().requests_cancelled
+    app = create_app(state.executor, dataclasses.replace(state.config, stalled_stream_timeout=0.5))
+    body = json.dumps(LONG).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/generate_stream", "raw_path": b"/generate_stream",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    statuses = []
+
+    async def serve_one() -> None:
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()  # the client never hangs up
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+            elif message["type"] == "http.response.body":
+                await asyncio.Event().wait()  # and never reads
+
+        await asyncio.wait_for(app(scope, receive, send), 30)  # returns: the stalled stream was given up
+
+    asyncio.run(serve_one())
+    assert statuses == [200] and app.state.server.active == 0
+    wait_idle(url)  # the executor freed the KV slot
+    assert state.executor.stats().requests_cancelled == cancelled + 1  # cancelled, not left to run to its end
