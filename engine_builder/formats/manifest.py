@@ -38,6 +38,8 @@ ENGINE_SCHEMA_VERSION = 2  # 2: the model block nests the BlockSpec (model_confi
 ORT_MODEL = "model.onnx"  # the onnxruntime twin
 TRT_MODEL = "model.trt.onnx"  # the graph TensorRT parsed
 GENERATION_CONFIG = "generation_config.json"
+# An engine manifest is a few KB (SmolLM2's: 7.5 KB, most of it the pass report); anything near this is not one
+MAX_MANIFEST_BYTES = 4 << 20
 
 
 def engine_file(rank: int = 0) -> str:
@@ -178,10 +180,15 @@ class EngineManifest:
         manifest_path = path / CONFIG_FILE
         if not path.is_dir() or not manifest_path.is_file():
             raise InputError(f"{path} is not an engine dir (no config.json); {rebuild}")
+        size = manifest_path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:  # checked before reading: a 50 MB file once took 1.4 GB to parse
+            raise InputError(f"{manifest_path} is {size} bytes, more than any engine manifest ({MAX_MANIFEST_BYTES}); "
+                             "it is not one trtbuild wrote: rebuild the engine dir")
         try:
             data = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{manifest_path} is not valid JSON ({exc}); rebuild the engine dir") from None
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than Python's stack
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise InputError(f"{manifest_path} is not valid JSON ({reason}); rebuild the engine dir") from None
         if not isinstance(data, dict) or data.get("schema") != ENGINE_SCHEMA:
             raise InputError(f"{path} is not a trtbuild engine dir (config.json schema is not {ENGINE_SCHEMA!r}; "
                              f"a checkpoint dir?); {rebuild}")

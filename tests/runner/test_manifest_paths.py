@@ -67,3 +67,13 @@ def test_run_serve_and_inspect_refuse_alike(tiny_serve_engine, tmp_path):
     (linked / WEIGHTS).symlink_to(secret)  # the same bytes, so every hash matches: only the link is wrong
     assert_user_error(trtbuild("inspect", linked), "symbolic link out of the engine dir")
     assert_user_error(trtbuild("verify", linked), "symbolic link out of the engine dir")
+
+
+def test_an_oversized_or_deeply_nested_manifest_is_one_line_exit_2(tiny_serve_engine, tmp_path):
+    """Issue 36 LOW 8 (the engine dir's part): a RecursionError traceback and a 1.4 GB parse before."""
+    nested, _ = _copy(tiny_serve_engine, tmp_path, "nested")
+    (nested / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert_user_error(trtbuild("verify", nested), "not valid JSON (nested too deeply)")
+    huge, _ = _copy(tiny_serve_engine, tmp_path, "huge")
+    (huge / "config.json").write_text(json.dumps({"schema": "x", "pad": "a" * (5 << 20)}))
+    assert_user_error(trtbuild("inspect", huge), "more than any engine manifest")
