@@ -170,10 +170,10 @@ class GrammarCompiler:
                 self._cache_bytes -= len(old.source)
 
     def _template(self, c: Constraint) -> Any:
-        """The cached grammar, or compiled (timed) and cached now."""
-        check_bounds(c, self.limits)
+        """The cached grammar, or compiled (timed) and cached now (its bounds checked first)."""
         template = self._lookup(c)
         if template is None:
+            check_bounds(c, self.limits)
             started = time.monotonic()
             template = self._compile(c)
             seconds = time.monotonic() - started
