@@ -48,6 +48,18 @@ _RESPONSE_DROP = frozenset({b"content-length", b"connection", b"keep-alive", b"t
 RETRIED_STATUSES = frozenset({503})
 
 
+def _forwarded_for(headers: list[tuple[bytes, bytes]], client: str | None) -> list[tuple[bytes, bytes]]:
+    """The client's own address appended to X-Forwarded-For. serve (uvicorn) trusts that header from the router
+    on 127.0.0.1 and takes its right-most untrusted address as the client's: without this, every request counted
+    as the router's (one --max-concurrent-per-client for all users), or as whatever address a client wrote in
+    the header itself, which passed through."""
+    if client is None:
+        return headers
+    sent = [v.decode("latin-1") for k, v in headers if k.lower() == b"x-forwarded-for"]
+    value = ", ".join([*sent, client]).encode("latin-1")
+    return [(k, v) for k, v in headers if k.lower() != b"x-forwarded-for"] + [(b"x-forwarded-for", value)]
+
+
 class _Failed(Exception):
     """The attempt failed before anything reached the client: try another backend."""
 
@@ -91,7 +103,8 @@ class Proxy:
         body = await request.body()
         path = request.url.path
         prompt = prompt_text(path, body) if self.policy.uses_prompt else ""
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _REQUEST_DROP]
+        headers = _forwarded_for([(k, v) for k, v in request.headers.raw if k.lower() not in _REQUEST_DROP],
+                                 request.client.host if request.client else None)
         tried: set[Backend] = set()
         while candidates := self.pool.healthy(exclude=tried):
             backend = self.policy.choose(candidates, prompt)

@@ -227,3 +227,20 @@ def test_a_client_that_leaves_before_the_first_byte_cancels_the_upstream_request
     finally:
         hung.close()
         assert router.stop() == 0
+
+
+def test_replicas_see_the_clients_address_not_one_it_wrote_itself(replicas):
+    """The router appends the client's address to X-Forwarded-For (serve trusts the router's header and counts
+    --max-concurrent-per-client by it); a client-written X-Forwarded-For passed through before, unchecked."""
+    router = Router([replicas[0].url], "round-robin")
+    try:
+        router.wait_healthy(replicas[0].url)
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")  # an address serve does not trust as a proxy
+        with httpx.Client(transport=transport, timeout=60) as client:
+            r = client.post(f"{router.url}/generate", headers={"X-Forwarded-For": "10.9.9.9"},
+                            json={"inputs": "w3 w4", "parameters": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+        log = replicas[0].server.log()
+        assert '127.0.0.2 "POST /generate"' in log and "10.9.9.9" not in log
+    finally:
+        assert router.stop() == 0
