@@ -1,5 +1,5 @@
 """Time to first token of a chat request whose long system prompt the engine has just seen, with and
-without prefix reuse (LLM(..., prefix_cache=True), engine_builder/runner/prefix_cache.py).
+without prefix reuse (LLM(..., prefix_cache=True), engine_builder/runner/kv/prefix_cache.py).
 
     .venv/bin/python benchmarks/prefix_cache.py [--system-tokens 1000] [--runs 3] [--json]
 

@@ -7,7 +7,7 @@ The generation loop composes them per request:
 """
 
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.runner.sampler import SampleOutput, Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import StepOutput, StopChecker

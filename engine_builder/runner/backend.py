@@ -1,6 +1,6 @@
 """What the generation loop needs from an inference engine, and how one is chosen.
 
-A backend owns the KV cache (a KVCacheManager: slot = sequence, length = positions it holds) and runs one
+A backend owns the KV cache (runner/kv/kv_interface.py: slot = sequence, length = positions it holds) and runs one
 engine call per step over a flat batch of tokens:
 
     forward(batch)                a ModelInput (runner/core/model_input.py): every sequence's new tokens, their
@@ -39,7 +39,7 @@ import numpy as np
 
 from engine_builder.runner.core.model_input import ModelInput, SlotRows
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.sampler import Sampler
 
 KVUpdate = Literal["in_place", "copy"]
@@ -48,7 +48,7 @@ KVUpdate = Literal["in_place", "copy"]
 class Backend(ABC):
     name: ClassVar[str]  # what --backend calls it
     title: ClassVar[str]  # what messages call it
-    kv: KVCacheManager
+    kv: KVCache
     vocab_size: int
     kv_update: KVUpdate  # in_place: past and present share one buffer; copy: present is a separate buffer
     reprefill_after: int | None  # longrope: re-prefill a sequence when its length reaches this

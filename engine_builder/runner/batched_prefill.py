@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine_builder.runner.core.model_input import ModelInput
-from engine_builder.runner.kv_cache import KVCacheManager
 from engine_builder.runner.request_state import Event, RequestState
 
 if TYPE_CHECKING:
@@ -66,11 +65,7 @@ if TYPE_CHECKING:
 def supported(generator: Generator) -> bool:
     """Can this generator's backend prefill several rows in one call? (slot or paged layout, no longrope switch)"""
     backend = generator.backend
-    return (isinstance(backend.kv, KVCacheManager) or _paged(backend.kv)) and backend.reprefill_after is None
-
-
-def _paged(kv) -> bool:
-    return getattr(kv, "paged", False)
+    return backend.reprefill_after is None
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
@@ -100,18 +95,7 @@ def _exact(generator: Generator, starts: dict[int, int], lengths: Sequence[int])
     width = max(lengths)
     if width > backend.max_input_len or width - min(lengths) >= backend.logits_tail:
         return False
-    lo, hi = min(starts), max(starts) + 1
-    if _paged(kv):
-        # one attention op whatever the rows (Attention-24 in the twin: no branch on batch or past lengths), so
-        # rows may start anywhere (a prefix-cache hit); a rider must be a free slot, whose table is all scratch
-        # (an admitted one would take blocks for the junk it writes, PagedKVCacheManager.prepare_write)
-        riders_free = all(kv.is_free(s) for s in range(lo, hi) if s not in starts)
-        return riders_free and max(starts.values()) + width <= kv.max_seq
-    rows = kv.lengths[lo:hi].copy()
-    for slot, at in starts.items():
-        rows[slot - lo] = at
-    # a row past 0: the generic attention branch (not its solo call's numerics), or a call per row without the If
-    return not rows.any() and width <= kv.max_seq
+    return kv.rows_fit_one_call(starts, width)
 
 
 def pool_has_room(generator: Generator, starts: dict[int, int], width: int) -> bool:
@@ -119,8 +103,6 @@ def pool_has_room(generator: Generator, starts: dict[int, int], width: int) -> b
     reservation; past it the table points at the scratch block)? The scheduler grew each row for its own tokens
     only. Always True for the slot layout (a slot holds max_seq positions)."""
     kv = generator.backend.kv
-    if not _paged(kv):
-        return True
     return sum(kv.blocks_to_grow(slot, at + width) for slot, at in starts.items()) <= kv.available_blocks()
 
 

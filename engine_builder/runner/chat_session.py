@@ -2,7 +2,7 @@
 
 Each turn's prompt is the chat template over every message so far, so it starts with the previous
 turn's prompt and answer. After a turn the slot's KV (prompt and answer) goes into a prefix cache
-(runner/prefix_cache.py) in small blocks, and the next turn copies it back instead of computing it:
+(runner/kv/prefix_cache.py) in small blocks, and the next turn copies it back instead of computing it:
 only the new user message, the template's markers around it and a partial block are prefilled.
 Re-tokenizing the answer's text usually gives back the generated ids; where it does not, reuse
 stops at the first differing block and the rest is prefilled, which costs time, never correctness.
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_builder.runner.llm import LLM
-from engine_builder.runner.paged_kv_cache import PagedPrefixCache
-from engine_builder.runner.prefix_cache import PrefixCache
 from engine_builder.runner.sampling_params import SamplingParams
 
 BLOCK_TOKENS = 4  # reuse granularity: at most 3 tokens of history are prefilled again per turn
@@ -74,9 +72,7 @@ class ChatSession:
         self.messages = [*messages, {"role": "assistant", "content": out.text}]
 
 
-def _chat_cache(kv) -> PrefixCache | PagedPrefixCache:
+def _chat_cache(kv):
     """A paged engine's blocks are shared by reference (its pool evicts old turns when short); a slot
-    engine's are copied into a cache of their own."""
-    if getattr(kv, "paged", False) and kv.blocks.tree is not None:
-        return PagedPrefixCache(kv)
-    return PrefixCache(kv, block_size=BLOCK_TOKENS, budget_bytes=CACHE_BYTES)
+    engine's are copied into a cache of their own, in small blocks (at most 3 tokens of history prefilled again)."""
+    return kv.prefix_cache(budget_bytes=CACHE_BYTES, block_size=BLOCK_TOKENS)

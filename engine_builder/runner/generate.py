@@ -43,7 +43,7 @@ from engine_builder.runner.beam_search import run_beam_search
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
 from engine_builder.runner.grammar import GrammarCompiler
-from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.prompt_logprobs import score as score_prompt
 from engine_builder.runner.request_state import Event, RequestState, StepClock, Timings
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs

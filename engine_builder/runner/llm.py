@@ -29,8 +29,7 @@ from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.ort_spinning import sessions_take_turns
-from engine_builder.runner.paged_kv_cache import paged_prefix_cache
-from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
@@ -134,12 +133,12 @@ class LLM:
         skips checking the files' sha256 against the manifest (trusted dirs, fastest start).
         prefix_cache (on by default): keep the KV of prompts' and answers' full blocks (up to prefix_cache_bytes)
         and copy them into later requests that start the same way, which then prefill only the rest
-        (runner/prefix_cache.py): a shared system prompt is prefilled once, a conversation's next turn
+        (runner/kv/prefix_cache.py): a shared system prompt is prefilled once, a conversation's next turn
         prefills only the new turn. Greedy answers are the same with and without it. onnxruntime backend
         only, and not for longrope models (their cached keys change past a length); False turns it off.
         kv_cache_memory: bytes of the block pool of a paged engine (`build --kv-layout paged`; default a
         quarter of the available RAM; InputError for a slot engine, whose KV is fixed); there prefix_cache
-        shares cached blocks by reference (runner/paged_kv_cache.py) and prefix_cache_bytes does not apply. The torch
+        shares cached blocks by reference (runner/kv/paged_kv_cache.py) and prefix_cache_bytes does not apply. The torch
         backend always pages its KV, on its device, whatever the engine's layout.
         gpu_memory_utilization: the torch backend on a CUDA GPU: the fraction of the GPU's memory the process may
         use, the KV pool taking what the weights leave (vLLM's knob; default 0.9); InputError for other backends.
@@ -189,14 +188,14 @@ class LLM:
             eos.insert(0, self.tokenizer.eos_token_id)
         try:
             self._check_pool_options(kv_cache_memory, gpu_memory_utilization)
+            if kv_cache_memory is not None:  # before the prefix cache takes the pool it holds
+                self.backend.resize_kv(kv_cache_memory)
         except Exception:
             self.backend.close()
             raise
         cache = None
-        if getattr(self.backend.kv, "paged", False):  # block pool (runner/paged_kv_cache.py)
-            cache = paged_prefix_cache(self.backend, prefix_cache, kv_cache_memory)
-        elif prefix_cache and self.backend.kv.keys and self.backend.reprefill_after is None:
-            cache = PrefixCache(self.backend.kv, budget_bytes=prefix_cache_bytes)
+        if prefix_cache and self.backend.reprefill_after is None:  # longrope: cached keys change past a length
+            cache = self.backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
         if spec is None:
             self._generator = Generator(self.backend, self.tokenizer, eos, self.backend.make_sampler(seed), cache)
         else:
@@ -209,8 +208,8 @@ class LLM:
 
     def _check_pool_options(self, kv_cache_memory: int | None, gpu_memory_utilization: float | None) -> None:
         """Refuse a pool size the backend cannot take; size a device pool by utilization (before the prefix cache
-        takes the pool it holds; kv_cache_memory resizes in paged_prefix_cache)."""
-        if kv_cache_memory is not None and not getattr(self.backend.kv, "paged", False):
+        takes the pool it holds)."""
+        if kv_cache_memory is not None and not self.backend.kv.sized_by_bytes:
             # a slot engine's KV is max_batch x max_seq_len, fixed at build time
             raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
                              f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "

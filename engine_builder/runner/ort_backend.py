@@ -48,7 +48,7 @@ from engine_builder.formats.ort_graph_levels import GRAPH_CONFIG, optimization_l
 from engine_builder.formats.ort_prepacked import META_PREPACKED_FOR, PREPACKED_MODEL, cpu_signature
 from engine_builder.runner.backend import Backend, KVUpdate, register_backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.runner.ort_spinning import allow_spinning, stop_spinning_after_run
 from engine_builder.util.cpu_cores import physical_cores
 from engine_builder.util.errors import InputError, UnsupportedError

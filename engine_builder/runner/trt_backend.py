@@ -39,7 +39,7 @@ import numpy as np
 from engine_builder.formats import graph_io as io
 from engine_builder.runner.backend import Backend, register_backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.trt import compat as trt_compat
 from engine_builder.util.errors import CapacityError, UnsupportedError
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from engine_builder.formats import graph_io as io
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
+from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.trt_backend import _TORCH_DTYPES, Binding, Shape, TrtBackend, apply_plan, select_profile
 from engine_builder.util.errors import InputError
 

@@ -25,7 +25,7 @@ from engine_builder.server.speculative_metrics import register_speculative
 
 if TYPE_CHECKING:
     from engine_builder.executor import Executor, ExecutorStats, RequestHandle
-    from engine_builder.runner.prefix_cache import PrefixCacheStats
+    from engine_builder.runner.kv.prefix_cache import PrefixCacheStats
 
 # Generated tokens counted over this window for the tokens/s gauge: long enough to smooth step
 # jitter, short enough to show a load change within one scrape interval.

@@ -119,3 +119,29 @@ def test_one_place_runs_a_backend_step():
                         and node.func.attr in ("execute", "read_logits", "read_tail_logits")):
                     calls.append(f"{rel}:{node.lineno} .{node.func.attr}()")
     assert calls == []
+
+
+def test_no_kv_layout_branch_outside_the_kv_package():
+    """The loop, the scheduler and the policies ask the KV interface (runner/kv/kv_interface.py), never which
+    storage is behind it (issue 32): no `.paged` attribute, getattr(kv, "paged"), or isinstance against a storage
+    class outside runner/kv/ and the backends that construct a storage."""
+    import ast
+
+    storages = {"KVCacheManager", "PagedKVCacheManager"}
+    found = []
+    for package in ("engine_builder/runner", "engine_builder/executor", "engine_builder/server", "engine_builder/eval"):
+        for path in (ROOT / package).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            if rel.startswith("engine_builder/runner/kv/") or rel in BACKEND_MODULES:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "paged":
+                    found.append(f"{rel}:{node.lineno} .paged")
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    args = [a for a in node.args[1:2] for a in (a.elts if isinstance(a, ast.Tuple) else [a])]
+                    if node.func.id in ("getattr", "hasattr") and any(
+                            isinstance(a, ast.Constant) and a.value == "paged" for a in args):
+                        found.append(f"{rel}:{node.lineno} {node.func.id}(..., 'paged')")
+                    if node.func.id == "isinstance" and any(isinstance(a, ast.Name) and a.id in storages for a in args):
+                        found.append(f"{rel}:{node.lineno} isinstance(..., {storages & {a.id for a in args}})")
+    assert found == []

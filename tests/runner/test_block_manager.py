@@ -1,4 +1,4 @@
-"""The paged KV cache's block storage (runner/block_pool.py, radix_blocks.py, block_manager.py) on real pools.
+"""The paged KV cache's block storage (runner/kv/block_pool.py, radix_blocks.py, block_manager.py) on real pools.
 
 Block contents are checked, not just counts: every append writes each position's token id into the pool
 (as the engine would write its keys), and every sequence must read back exactly its own tokens, so a
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_builder.formats.graph_io import PagedKVLayout
-from engine_builder.runner.block_manager import BlockManager
-from engine_builder.runner.block_pool import SCRATCH_BLOCK, BlockPool
+from engine_builder.runner.kv.block_manager import BlockManager
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK, BlockPool
 from engine_builder.util.errors import CapacityError
 
 B = 4

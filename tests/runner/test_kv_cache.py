@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.util.errors import CapacityError, InputError, TrtbuildError
 
 

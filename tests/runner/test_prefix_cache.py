@@ -1,4 +1,4 @@
-"""Prefix reuse (runner/prefix_cache.py): a request that starts like an earlier one copies the cached KV
+"""Prefix reuse (runner/kv/prefix_cache.py): a request that starts like an earlier one copies the cached KV
 blocks into its slot and prefills only the rest, and answers exactly as without the cache."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from engine_builder import LLM, SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.formats.build_config import Limits
-from engine_builder.runner.kv_cache import KVCacheManager
-from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.kv.kv_cache import KVCacheManager
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 
 LIMITS = Limits(max_batch=4, max_input_len=64, max_seq_len=128)
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, logprobs=1)

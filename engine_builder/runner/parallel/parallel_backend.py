@@ -20,7 +20,7 @@ import numpy as np
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.runner.parallel.collectives import Collectives
 from engine_builder.runner.parallel.rank_runner import RankRunner
 

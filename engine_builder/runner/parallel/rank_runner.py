@@ -24,7 +24,7 @@ import onnxruntime as ort
 from engine_builder.formats import graph_io as io
 from engine_builder.formats import parallel_mapping as pm
 from engine_builder.formats.manifest import EngineManifest
-from engine_builder.runner.kv_cache import _kv_dtype
+from engine_builder.runner.kv.kv_cache import _kv_dtype
 from engine_builder.runner.ort_backend import session_options
 from engine_builder.runner.parallel.collectives import Collectives
 from engine_builder.util.errors import UnsupportedError

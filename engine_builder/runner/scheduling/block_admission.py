@@ -69,6 +69,6 @@ def _no_room(generator: Generator, sched: Scheduler) -> str:
     kv = generator.backend.kv
     r = min(sched.waiting, key=lambda w: (w.params.priority, w.index))
     tokens = len(r.prompt_ids) + len(r.token_ids) + sched.lookahead
-    pool = f"the block pool holds {kv.pool.num_blocks} blocks" if getattr(kv, "paged", False) else "the KV cache"
-    return (f"request {r.index} needs KV for {tokens} tokens to go on but {pool} cannot hold it even alone; give "
+    return (f"request {r.index} needs KV for {tokens} tokens to go on but {kv.capacity_words()} cannot hold it even "
+            "alone; give "
             "LLM(kv_cache_memory=...) more bytes, or lower max_new_tokens")

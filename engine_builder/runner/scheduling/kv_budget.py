@@ -4,7 +4,7 @@
     budget.blocks_for(prompt_len + max_new_tokens)        # what one request needs, rounded up to blocks
     budget.hold(request_id, n); budget.grow(request_id, 1); budget.release(request_id)
 
-Today's cache gives each sequence a slot of max_seq_len positions for life (runner/kv_cache.py), so
+Today's cache gives each sequence a slot of max_seq_len positions for life (runner/kv/kv_cache.py), so
 admitting by free slots alone runs at most max_batch sequences whatever their lengths, and a
 deployment sized for a few long sequences runs few short ones. Counting what each request can
 actually write (its context so far, rounded up to blocks) lets a budget that holds 4 full

@@ -100,7 +100,6 @@ class Scheduler:
         self.max_batch = config.batch_for(kv.batch_slots)
         self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
         self.watermark = max(1, int(self.budget.total_blocks * WATERMARK_SHARE))
-        self.paged = getattr(kv, "paged", False)  # a block pool behind the slots: its free blocks count too
         self.lookahead = generator.step_tokens  # positions one decode step may write per request
         self.resumes = Resumes(generator)
         self.step_budget = StepBudget(config.max_tokens_per_step)
@@ -141,21 +140,19 @@ class Scheduler:
     def grow(self) -> list[RequestState]:
         """Blocks for this step's writes to every running request, most urgent first; preempts the least
         urgent while they run out (kv_growth.py). Returns the preempted."""
-        kv, paged = self.generator.backend.kv, self.paged
+        kv = self.generator.backend.kv  # a paged layout's pool counts beside the budget (none: 0 and 0)
 
         def shortfall(r: RequestState) -> Blocks:
             n = self.required(r)
-            return Blocks(self.budget.blocks_for(n) - self.budget.held(r.index),
-                          kv.blocks_to_grow(r.slot, n) if paged else 0)
+            return Blocks(self.budget.blocks_for(n) - self.budget.held(r.index), kv.blocks_to_grow(r.slot, n))
 
         def room() -> Blocks:
-            return Blocks(self.budget.free, kv.available_blocks() if paged else 0)
+            return Blocks(self.budget.free, kv.available_blocks())
 
         def grow(r: RequestState) -> None:
             if (extra := shortfall(r).budget) > 0:
                 self.budget.grow(r.index, extra)
-            if paged:
-                kv.grow(r.slot, self.required(r))
+            kv.grow(r.slot, self.required(r))
 
         return grow_or_preempt(list(self.running.values()), shortfall=shortfall, room=room, grow=grow,
                                preempt=self._preempt)
@@ -179,8 +176,9 @@ class Scheduler:
         admitted = set()
         for r in plan.admit:
             n = self.required(r)
-            if self.paged and not self._pool_admits(n, bool(self.running or admitted)):
-                break  # the engine's block pool is short (its own budget): the rest wait
+            # the storage's own room (a paged pool), keeping a watermark for the running ones' growth
+            if not kv.admits(n, WATERMARK_SHARE if self.running or admitted else 0.0):
+                break
             try:
                 self.generator.admit(r, n)
             except CapacityError:  # the pool is short even for a first request: the rest wait a step
@@ -193,13 +191,6 @@ class Scheduler:
         if admitted:
             self.waiting = deque(r for r in self.waiting if r.index not in admitted)
         return list(plan.preempt)
-
-    def _pool_admits(self, tokens: int, others: bool) -> bool:
-        """Does a paged engine's pool have blocks for `tokens` more positions, beyond its watermark when others
-        run? (Conservative: a prefix-cache hit would map some of them instead.)"""
-        kv = self.generator.backend.kv
-        keep = max(1, int(kv.pool.num_blocks * WATERMARK_SHARE)) if others else 0
-        return kv.blocks.blocks_for(tokens) <= kv.available_blocks() - keep
 
     # --- prefill and decode -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine_builder.runner.backend import Backend
-from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.speculative.generator import SpeculativeGenerator
 from engine_builder.runner.speculative.proposer import Proposal, Proposer

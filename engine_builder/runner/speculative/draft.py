@@ -38,7 +38,6 @@ import numpy as np
 
 from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.kv_cache import KVCacheManager
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampler import Sampler, SamplingState
 from engine_builder.runner.speculative.acceptance import draw, probabilities
@@ -205,8 +204,8 @@ class DraftProposer:
         if not kv.num_free:
             return None
         new_tokens = request.params.max_new_tokens
-        if isinstance(kv, KVCacheManager) and needed <= kv.max_seq:
-            # a static cache's row holds max_seq positions anyway: reserve them all, so a longer next request
+        if kv.reservation_is_free and needed <= kv.max_seq:
+            # a slot's storage holds max_seq positions anyway: reserve them all, so a longer next request
             # (a chat's next turn) can take this slot over when it is parked
             new_tokens = kv.max_seq - len(request.prompt_ids)
         try:

@@ -30,7 +30,7 @@ import numpy as np
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.generate import Generator
-from engine_builder.runner.prefix_cache import PrefixCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.sampling_params import SamplingParams

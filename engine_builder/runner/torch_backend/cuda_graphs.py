@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from engine_builder.formats.graph_io import PagedKVLayout
-from engine_builder.runner.block_pool import SCRATCH_BLOCK
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.core.model_input import ModelInput
-from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
+from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 
 
 class StepModel(Protocol):

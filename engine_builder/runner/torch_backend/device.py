@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_builder.runner.block_pool import DEFAULT_RAM_FRACTION, available_ram
+from engine_builder.runner.kv.block_pool import DEFAULT_RAM_FRACTION, available_ram
 from engine_builder.util.errors import InputError
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

@@ -2,7 +2,7 @@
 
 The pool of one layer is two tensors [num_blocks, block_size, kv_heads, head_dim] (keys, values): block b of a
 sequence holds its positions b * block_size .. (b + 1) * block_size - 1, and a sequence's block table row lists
-its pool blocks in order (the PagedKVCacheManager's table, runner/paged_kv_cache.py). A step is a flat batch
+its pool blocks in order (the PagedKVCacheManager's table, runner/kv/paged_kv_cache.py). A step is a flat batch
 (runner/core/model_input.py): num_tokens new tokens, sequence i's at query_start[i]:query_start[i + 1], being
 the last positions of the context_lens[i] that sequence holds once they are written.
 

@@ -24,7 +24,7 @@ from engine_builder.formats.graph_io import PagedKVLayout
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.paged_kv_cache import PagedKVCacheManager
+from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device

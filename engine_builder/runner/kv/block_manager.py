@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from engine_builder.runner.block_pool import BlockPool
-from engine_builder.runner.radix_blocks import RadixBlockTree
+from engine_builder.runner.kv.block_pool import BlockPool
+from engine_builder.runner.kv.radix_blocks import RadixBlockTree
 from engine_builder.util.errors import InputError
 
 

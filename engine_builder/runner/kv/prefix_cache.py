@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine_builder.runner.kv_cache import KVCacheManager
+from engine_builder.runner.kv.kv_interface import KVCache
 
 
 @dataclass(eq=False)
@@ -52,7 +52,7 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    def __init__(self, kv: KVCacheManager, block_size: int = 16, budget_bytes: int = 256 << 20) -> None:
+    def __init__(self, kv: KVCache, block_size: int = 16, budget_bytes: int = 256 << 20) -> None:
         if not kv.keys:
             raise ValueError("a prefix cache needs a KV cache in host memory")
         if block_size < 1 or budget_bytes < 0:

@@ -19,8 +19,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine_builder.runner.block_pool import BlockPool
-from engine_builder.runner.prefix_cache import tree_leaves
+from engine_builder.runner.kv.block_pool import BlockPool
+from engine_builder.runner.kv.prefix_cache import tree_leaves
 
 
 @dataclass(eq=False)

@@ -23,22 +23,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine_builder.formats.graph_io import PagedKVLayout
-from engine_builder.runner.block_manager import BlockManager
-from engine_builder.runner.block_pool import SCRATCH_BLOCK, BlockPool
-from engine_builder.runner.kv_cache import SlotTable
-from engine_builder.runner.prefix_cache import PrefixCacheStats
+from engine_builder.runner.kv.block_manager import BlockManager
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK, BlockPool
+from engine_builder.runner.kv.kv_interface import KVCache
+from engine_builder.runner.kv.prefix_cache import PrefixCacheStats
 from engine_builder.util.errors import InputError
 
 
-class PagedKVCacheManager(SlotTable):
-    paged = True
+class PagedKVCacheManager(KVCache):
+    sized_by_bytes = True  # --kv-cache-memory: the pool's size (the backend's resize_kv)
 
     def __init__(self, layout: PagedKVLayout, batch_slots: int, pool: BlockPool, prefix_cache: bool = True) -> None:
         if isinstance(batch_slots, bool) or not isinstance(batch_slots, int) or batch_slots < 1:
             raise InputError(f"KV cache batch_slots must be a positive integer, got {batch_slots!r}")
         self.layout, self.pool = layout, pool
         self.blocks = BlockManager(pool, prefix_cache)
-        SlotTable.__init__(self, batch_slots, layout.max_seq)
+        KVCache.__init__(self, batch_slots, layout.max_seq)
         self.num_layers = layout.num_layers
         self.block_size, self.dtype = layout.block_size, pool.dtype
         self.keys, self.values = pool.keys, pool.values  # [kv_heads, num_blocks, block_size, head_dim] per layer
@@ -124,6 +124,26 @@ class PagedKVCacheManager(SlotTable):
             if self.blocks.make_writable(slot, start, end) or grown:
                 self._sync(slot)
 
+    def admits(self, tokens: int, keep: float) -> bool:
+        reserve = max(1, int(self.pool.num_blocks * keep)) if keep else 0
+        return self.blocks.blocks_for(tokens) <= self.available_blocks() - reserve
+
+    def rows_fit_one_call(self, starts: dict[int, int], width: int) -> bool:
+        # one attention op whatever the rows (Attention-24 in the twin: no branch on batch or past lengths), so
+        # rows may start anywhere (a prefix-cache hit); a rider must be a free slot, whose table is all scratch
+        # (an admitted one would take blocks for the junk it writes, prepare_writes)
+        lo, hi = min(starts), max(starts) + 1
+        riders_free = all(self.is_free(s) for s in range(lo, hi) if s not in starts)
+        return riders_free and max(starts.values()) + width <= self.max_seq
+
+    def prefix_cache(self, budget_bytes: int | None = None, block_size: int | None = None) -> PagedPrefixCache | None:
+        """Cached blocks mapped by reference (the pool evicts unreferenced ones when short, so no byte budget of
+        its own; the block size is the pool's)."""
+        return PagedPrefixCache(self) if self.blocks.tree is not None else None
+
+    def capacity_words(self) -> str:
+        return f"the block pool holds {self.pool.num_blocks} blocks"
+
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Each dst slot (allocated) becomes a fork of its src slot: beam fan-out and reordering, by reference."""
         src, dst = [int(s) for s in src], [int(d) for d in dst]
@@ -181,13 +201,3 @@ class PagedPrefixCache:
     def stats(self) -> PrefixCacheStats:
         s = self.kv.blocks.tree.stats()
         return PrefixCacheStats(s.blocks, s.blocks * self.kv.layout.bytes_per_block, s.hit_tokens, s.lookup_tokens)
-
-
-def paged_prefix_cache(backend, prefix_cache: bool, kv_cache_memory: int | None) -> PagedPrefixCache | None:
-    """Size a paged backend's pool (kv_cache_memory bytes, when given) and its prefix reuse for LLM(...):
-    not for longrope models, whose cached keys change past a length."""
-    if kv_cache_memory is not None:
-        backend.resize_kv(kv_cache_memory)
-    if prefix_cache and backend.reprefill_after is None:
-        return PagedPrefixCache(backend.kv)
-    return None
