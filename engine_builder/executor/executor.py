@@ -180,7 +180,7 @@ class Executor:
             for r in cancelled:
                 if r.slot is not None:
                     gen.release(r)
-            sched.schedule()
+            plan = sched.schedule()
             if not (sched.waiting or sched.running or cancelled) and not self._accepting:
                 return False
         for r in cancelled:
@@ -188,7 +188,7 @@ class Executor:
         if not sched.running:
             return True
 
-        events, failures = run_engine_step(sched, self._prefills)  # prefill chunks, then one decode
+        events, failures = run_engine_step(sched, plan, self._prefills)  # prefill chunks, then one decode
 
         with self._lock:  # retire before emitting: a client that sees its final event sees its slot free
             finished = sched.retire_finished()

@@ -50,11 +50,11 @@ class BlockAdmission:
         try:
             while sched.waiting or sched.running:
                 started = time.perf_counter()
-                sched.schedule()
+                plan = sched.schedule()
                 clock.prefill += time.perf_counter() - started  # admission's cached-prefix copies count there
                 if not sched.running:
                     raise CapacityError(_no_room(generator, sched))
-                events, failures = run_engine_step(sched, self.prefills, clock)
+                events, failures = run_engine_step(sched, plan, self.prefills, clock)
                 if failures:
                     raise failures[0][1]
                 sched.retire_finished()

@@ -1,6 +1,6 @@
 """One scheduled step's engine work: the prefill calls of the plan, then one batched decode.
 
-    events, failures = run_engine_step(scheduler, prefills)      # after scheduler.schedule()
+    events, failures = run_engine_step(scheduler, scheduler.schedule(), prefills)
 
 The Executor (engine_builder/executor/executor.py) and LLM.generate (block_admission.py) both run this, so
 a request gets the same engine calls, and so the same tokens, whichever of the two drives it. Failures are
@@ -16,21 +16,22 @@ from engine_builder.runner.batched_prefill import prefill_together
 from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
 from engine_builder.runner.scheduling.scheduler import Scheduler
+from engine_builder.runner.scheduling.step_plan import StepPlan
 
 Failure = tuple[RequestState, BaseException]
 
 
-def run_engine_step(sched: Scheduler, prefills: PrefillGroups,
+def run_engine_step(sched: Scheduler, plan: StepPlan, prefills: PrefillGroups,
                     clock: StepClock | None = None) -> tuple[list[Event], list[Failure]]:
-    """Prefill chunks within the step's token budget (short whole prompts share one engine call:
-    prefill_groups.py), then one decode over every running request past its prefill. Returns the step's events
+    """The plan's prefill chunks (short whole prompts share one engine call: prefill_groups.py), then one decode
+    over the plan's decoders that are past their prefill and unfinished. Returns the step's events
     and the requests whose engine call (or sampling) raised, with what it raised. clock (LLM.generate's Timings)
     gets the prefill time and the decode step."""
     gen = sched.generator
     events: list[Event] = []
     failures: list[Failure] = []
     prefill_started = time.perf_counter()
-    for group in prefills.plan(gen, sched.prefill_plan()):
+    for group in prefills.plan(gen, list(plan.prefill)):
         started = time.perf_counter()
         planned = fed = sum(n for _, n in group)
         try:
@@ -46,7 +47,8 @@ def run_engine_step(sched: Scheduler, prefills: PrefillGroups,
         sched.step_budget.observe_prefill(planned, seconds)
         prefills.observe(fed, seconds)
     failed_ids = {r.index for r, _ in failures}
-    decoding = {slot: r for slot, r in sched.decoding().items() if r.index not in failed_ids}
+    decoding = {r.slot: r for r in plan.decode
+                if r.index not in failed_ids and not r.finished and r.token_ids and not sched.resumes.prefill_left(r)}
     try:
         gen.reprefill(decoding, events)
         if clock is not None:

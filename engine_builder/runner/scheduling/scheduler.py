@@ -41,6 +41,7 @@ from engine_builder.runner.scheduling.kv_budget import KVBudget, KVBudgetStats
 from engine_builder.runner.scheduling.kv_growth import Blocks, grow_or_preempt
 from engine_builder.runner.scheduling.preemption import Resumes
 from engine_builder.runner.scheduling.step_budget import StepBudget
+from engine_builder.runner.scheduling.step_plan import StepPlan
 from engine_builder.util.errors import CapacityError, ConfigError, InputError
 
 DEFAULT_BLOCK_TOKENS = 16
@@ -130,12 +131,19 @@ class Scheduler:
                              f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
                              "budget")
 
-    def schedule(self) -> list[RequestState]:
-        """This step's KV: grow the running requests (preempting when blocks run out), then admit what fits
-        unless that preempted anyone (those just preempted would be readmitted only to thrash). Returns the
-        preempted."""
+    def schedule(self) -> StepPlan:
+        """This step's plan: grow the running requests' KV (preempting when blocks run out), then admit what fits
+        unless that preempted anyone (those just preempted would be readmitted only to thrash), then size the
+        prefill chunks and name the decoders."""
+        before = set(self.running)
         preempted = self.grow()
-        return preempted if preempted else self.admit()
+        if not preempted:
+            preempted = self.admit()
+        prefill = tuple(self.prefill_plan())
+        feeds = {r.index: n for r, n in prefill}
+        decode = tuple(r for r in self.running.values() if self.resumes.prefill_left(r) <= feeds.get(r.index, 0))
+        return StepPlan(tuple(preempted), tuple(r for i, r in self.running.items() if i not in before), prefill,
+                        decode)
 
     def grow(self) -> list[RequestState]:
         """Blocks for this step's writes to every running request, most urgent first; preempts the least
@@ -208,11 +216,6 @@ class Scheduler:
         left = {r.index: n for r, _, n in pending}
         self.chunked_prefill_steps += sum(n < left[r.index] for r, n in plan)
         return plan
-
-    def decoding(self) -> dict[int, RequestState]:
-        """slot -> request for every running request past its prefill (the decode step's rows)."""
-        return {r.slot: r for r in self.running.values()
-                if r.token_ids and r.slot is not None and not self.resumes.prefill_left(r)}
 
     # --- leaving ----------------------------------------------------------------------------------
 
