@@ -1,38 +1,30 @@
-"""The generation loop: per-request prefill into a KV slot, then batched decode with continuous refill.
+"""The step functions of generation, and the requests' way into the step loop.
 
-    admit    a waiting request takes the lowest free KV slot; its prompt is prefilled alone
-             (batch 1, seq = prompt length) at that slot, and its first token is sampled
-    decode   one step over every busy slot (a ModelInput, runner/core/model_input.py): each feeds
-             its last token at its own length (the graph's per-row past_lengths), so prompts of
-             any lengths share a step with no padding; on a slot engine a free row inside the
-             range rides along with token 0 at length 0 and its logits are ignored
-    finish   a request that stops frees its slot at once, and the next waiting request takes it
-             at the next admit (so more prompts than max_batch run in one call)
+    admit    a request takes the lowest free KV slot (runner/kv/), its storage for the context so far
+    prefill  its context (or a chunk of it) written at the slot's length in one engine call; after the last
+             chunk its first token is sampled
+    decode   one step over the decoding slots (a ModelInput, runner/core/model_input.py): each feeds its last
+             token at its own length, so prompts of any lengths share a step with no padding; on a slot engine
+             a free row inside the range rides along with token 0 at length 0 and its logits are ignored
+    release  a request that stops frees its slot at once, and the next waiting request takes it
 
-Prefilling each prompt alone costs one engine call per request instead of one padded call,
-and buys exactness: every row sees exactly the computation it would see alone (checked by
-tests/runner/test_generate.py: a ragged batch gives each prompt's solo output).
+Who runs which of them each step is the scheduler's plan (runner/scheduling/scheduler.py -> StepPlan), carried
+out by runner/scheduling/engine_step.py; two drivers repeat that step: LLM.generate / stream through `admission`
+(runner/scheduling/block_admission.py, synchronous, every admitted prompt prefilled whole) and
+engine_builder/executor (a thread serving requests that arrive at any time, chunked prefill under a token
+budget). So a request gets the same engine calls, and the same tokens, whichever drives it. Whoever drives them
+claims the Generator first (`claim`): one driver at a time, since the KV cache and the per-slot next tokens are
+shared state. Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
 
-The loop yields Events (text deltas per request) after each step; time the consumer spends on
-them (printing, a network write) is not counted in the timings. Per-step Python overhead
-(everything in a decode step but the engine call) is measured in `Timings.overhead_share`.
-
-Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
-
-The step functions (admit, prefill, reprefill, decode, release) are public because two loops
-drive them: LLM.generate / stream through `admission` (runner/scheduling/block_admission.py:
-the executor's scheduler, admission by free KV blocks, every admitted prompt prefilled whole; a bare
-Generator falls back to `_run_sampled` here, admission by free slots) and engine_builder/executor
-(a thread serving requests that arrive at any time, with chunked prefill under a token budget).
-Whoever drives them claims the Generator first (`claim`): one driver at a time, since the KV cache and
-the per-slot next tokens are shared state.
+The loop yields Events (text deltas per request) after each step; time the consumer spends on them (printing, a
+network write) is not counted in the timings. Per-step Python overhead (everything in a decode step but the
+engine call) is measured in `Timings.overhead_share`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -75,8 +67,8 @@ class Generator:
         self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
         self.sampler = sampler or backend.make_sampler()
         self.timings: Timings | None = None  # of the last finished run
-        # how start() admits sampled requests: None = by free slots, each reserving prompt + max_new_tokens
-        # (_run_sampled); LLM sets block admission (runner/scheduling/block_admission.py)
+        # how start()'s sampled requests are admitted and stepped: the scheduler's step loop, which LLM sets
+        # (runner/scheduling/block_admission.py; the scheduling package sits above this module)
         self.admission: Admission | None = None
         self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
         self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
@@ -137,9 +129,12 @@ class Generator:
         and the states hold the final text, tokens and logprobs once it ends."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if self.admission is None:
+            raise ValueError("this Generator has no step loop to run requests on; set generator.admission "
+                             "(LLM sets runner/scheduling/block_admission.BlockAdmission)")
         for ids, p in zip(prompts, params):
             self.check(ids, p)
-            if self.admission is not None and p.num_beams == 1:
+            if p.num_beams == 1:
                 self.admission.check(self, ids, p)
         requests = [self.new_request(i, ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
         return requests, self._loop(requests)
@@ -150,10 +145,8 @@ class Generator:
         try:
             # lower priority values first (SamplingParams.priority); a stable sort keeps the order within a level
             sampled = sorted((r for r in requests if r.params.num_beams == 1), key=lambda r: r.params.priority)
-            if self.admission is not None:  # by free KV blocks, growing and preempting (runner/scheduling/)
+            if sampled:
                 yield from self.admission.run(self, sampled, clock)
-            else:  # by free slots, each reserving prompt + max_new_tokens
-                yield from self._run_sampled(deque(sampled), clock)
             for r in requests:
                 if r.params.num_beams > 1:
                     yield from run_beam_search(self.backend, self.eos_token_ids, r, clock)
@@ -163,24 +156,6 @@ class Generator:
                     self.release(r)
             self.timings = clock.timings()
             self.unclaim()
-
-    def _run_sampled(self, waiting: deque[RequestState], clock: StepClock) -> Iterator[Event]:
-        kv = self.backend.kv
-        active: dict[int, RequestState] = {}  # slot -> request
-        while waiting or active:
-            events: list[Event] = []
-            started = time.perf_counter()
-            while waiting and kv.num_free:
-                r = waiting.popleft()
-                self.admit(r)
-                self.prefill(r, events)
-                if r.slot is not None:
-                    active[r.slot] = r
-            self.reprefill(active, events)
-            clock.prefill += time.perf_counter() - started
-            if active:
-                self.decode(active, events, clock)
-            yield from events
 
     # --- the step functions -----------------------------------------------------------------
 

@@ -28,8 +28,8 @@ from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
-from engine_builder.runner.ort_spinning import sessions_take_turns
 from engine_builder.runner.kv.prefix_cache import PrefixCache
+from engine_builder.runner.ort_spinning import sessions_take_turns
 from engine_builder.runner.request_state import Event, RequestState, Timings
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
