@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+from engine_builder.util import environment
+
 COMMANDS = frozenset({"run", "chat", "serve"})
 TUNABLE = "glibc.malloc.hugetlb=1"
 
@@ -41,7 +43,7 @@ def _is_the_command(argv: list[str]) -> bool:
 def decoding_environment(environ: dict[str, str]) -> dict[str, str]:
     """ENVIRON as a decoding command runs with: the tunable added, unless TRTBUILD_HUGE_PAGES=off, a GLIBC_TUNABLES
     already there, or a C library without it (benchmarks/peers.py starts its workers of ours with it too)."""
-    if "GLIBC_TUNABLES" in environ or environ.get("TRTBUILD_HUGE_PAGES", "").lower() in ("0", "off", "false"):
+    if "GLIBC_TUNABLES" in environ or environment.read("TRTBUILD_HUGE_PAGES", environ) == "off":
         return environ
     return {**environ, "GLIBC_TUNABLES": TUNABLE} if _glibc_has_hugetlb() else environ
 

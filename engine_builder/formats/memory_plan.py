@@ -22,6 +22,7 @@ from engine_builder.formats.build_config import Limits
 from engine_builder.formats.checkpoint import expected_shapes, linear_prefixes
 from engine_builder.formats.graph_io import KV_ITEM_BYTES, KVCacheLayout
 from engine_builder.formats.model_config import ModelConfig
+from engine_builder.util import environment
 from engine_builder.util.errors import ConfigError
 
 MEMORY_ENV = "TRTBUILD_MEMORY_GB"  # overrides the RAM found here: plan for the machine that will run the engine
@@ -83,7 +84,7 @@ def plan_engine(model: ModelConfig, limits: Limits, dtype: str, kv_cache: str = 
 
 def machine_memory() -> tuple[int, str]:
     """(bytes, where the figure comes from): TRTBUILD_MEMORY_GB, else the smaller of RAM and a cgroup limit."""
-    given = os.environ.get(MEMORY_ENV)
+    given = environment.read(MEMORY_ENV)
     if given:
         try:
             value = float(given)

@@ -34,7 +34,7 @@ import os
 from collections.abc import Iterator
 
 from engine_builder.runner.cpu_busy import others_busy_now
-from engine_builder.util.errors import InputError
+from engine_builder.util import environment
 
 ENV = "TRTBUILD_ORT_SPINNING"
 
@@ -49,11 +49,9 @@ MEASURED_SLACK = 0.25  # cores
 
 def allow_spinning(threads: int, load_average: float | None = None, cpus: int | None = None) -> tuple[bool, str]:
     """(spin, why) for a session of THREADS intra-op threads on a machine of CPUS with LOAD_AVERAGE."""
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    mode = environment.read(ENV)
     if mode in ("on", "off"):
         return mode == "on", f"{ENV}={mode}"
-    if mode != "auto":
-        raise InputError(f"{ENV}={mode!r} is not one of on, off, auto; unset it or pick one of those")
     if threads <= 1:
         return False, "one thread: nothing to wait for"
     global _spinning_in_process

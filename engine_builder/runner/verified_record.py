@@ -21,6 +21,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from engine_builder.util import environment
+
 Fingerprint = tuple[int, int, int, int, int]
 RECORD_NAME = "verified-files.json"
 MAX_ENTRIES = 512  # newest kept: a few dozen engine dirs' files
@@ -28,7 +30,7 @@ _SCHEMA = 1
 
 
 def record_path() -> Path:
-    explicit = os.environ.get("TRTBUILD_CACHE_DIR")
+    explicit = environment.read("TRTBUILD_CACHE_DIR")
     if explicit:
         return Path(explicit) / RECORD_NAME
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

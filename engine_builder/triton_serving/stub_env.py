@@ -20,6 +20,7 @@ import sysconfig
 import venv
 from pathlib import Path
 
+from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
 ENV_VARIABLE = "TRTBUILD_TRITON_PYTHON_ENV"
@@ -28,7 +29,7 @@ _PTH = "trtbuild-main-env.pth"
 
 
 def default_env() -> Path:
-    return Path(os.environ.get(ENV_VARIABLE) or Path(sys.prefix) / "triton-python-env")
+    return Path(environment.read(ENV_VARIABLE) or Path(sys.prefix) / "triton-python-env")
 
 
 def _site_packages(env: Path) -> Path:

@@ -145,3 +145,36 @@ def test_no_kv_layout_branch_outside_the_kv_package():
                     if node.func.id == "isinstance" and any(isinstance(a, ast.Name) and a.id in storages for a in args):
                         found.append(f"{rel}:{node.lineno} isinstance(..., {storages & {a.id for a in args}})")
     assert found == []
+
+
+def test_every_trtbuild_variable_is_read_through_the_one_table():
+    """util/environment.py lists every TRTBUILD_* variable (values, default, what it does) and is the one reader:
+    no other module hands such a name to os.environ / os.getenv, and every such name in the code is in the table."""
+    import ast
+
+    from engine_builder.util.environment import VARIABLES
+
+    named, direct = set(), []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            tree = ast.parse(path.read_text())
+            consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                      and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                      for t in n.targets if isinstance(t, ast.Name)}
+            for node in ast.walk(tree):
+                value = node.value if isinstance(node, ast.Constant) else None
+                if isinstance(value, str) and value.startswith("TRTBUILD_") and value.isupper() and " " not in value:
+                    named.add(value)
+                key = None
+                call = ast.unparse(node.func) if isinstance(node, ast.Call) and node.args else None
+                if call in ("os.environ.get", "os.getenv"):
+                    key = node.args[0]
+                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                    key = node.slice
+                if key is not None and rel != "engine_builder/util/environment.py":
+                    value = key.value if isinstance(key, ast.Constant) else consts.get(getattr(key, "id", None))
+                    if isinstance(value, str) and value.startswith("TRTBUILD_"):
+                        direct.append(f"{rel}:{node.lineno} {value}")
+    assert direct == []
+    assert named - set(VARIABLES) == set()

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from engine_builder.formats.parallel_mapping import ParallelMapping
+from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
 BACKEND_ENV = "TRTBUILD_DIST_BACKEND"  # gloo | nccl; default: nccl when every local rank has a GPU, else gloo
@@ -46,9 +47,7 @@ class RankEnv:
 
 
 def choose_backend(env: RankEnv) -> str:
-    wanted = os.environ.get(BACKEND_ENV, "auto")
-    if wanted not in ("auto", "gloo", "nccl"):
-        raise InputError(f"{BACKEND_ENV}={wanted!r} is not one of auto, gloo, nccl")
+    wanted = environment.read(BACKEND_ENV)
     if wanted != "auto":
         return wanted
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -26,9 +25,10 @@ from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
 DEFAULT_BLOCK_SIZE = 16
@@ -80,7 +80,7 @@ class TorchRuntime(Backend):
         # H200 the first compile of SmolLM2's 30 layers with a dynamic token dim took over 100 s, not yet measured
         # through (benchmarks/results/gpu-*-2026-12-02T0143*)
         self.compiled = None
-        if os.environ.get(COMPILE_ENV, "off") == "on":
+        if environment.read(COMPILE_ENV) == "on":
             from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
 
             self.compiled = CompiledForward(self.model, attention)
