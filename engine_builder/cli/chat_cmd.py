@@ -18,7 +18,8 @@ HELP = "commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves"
 def chat(
     engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
     system: Annotated[str | None, typer.Option(help="System message that opens the conversation.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Longest answer per turn, in tokens.")] = 256,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer per turn, in tokens (capped at what the "
+                                                     "engine's max_seq_len leaves after the conversation).")] = 256,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy; default: the engine's "
                                                            "generation_config.json (greedy without one).")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (with a temperature > 0).")] = None,
@@ -56,7 +57,7 @@ def chat(
     interactive = sys.stdin.isatty()
     if interactive:
         sys.stderr.write(f"[{llm.backend_name}] {HELP}\n")
-    turn = 0
+    turn = failed = 0
     try:
         while True:
             if interactive:
@@ -82,6 +83,7 @@ def chat(
                     sys.stdout.flush()
             except TrtbuildError as exc:  # e.g. the conversation outgrew max_seq_len: say so, keep the REPL
                 sys.stderr.write(f"error: {exc}; /reset starts a new conversation\n")
+                failed += 1
                 continue
             sys.stdout.write("\n")
             sys.stdout.flush()
@@ -92,6 +94,9 @@ def chat(
                                  f"{s.decode_seconds:.2f} s{_speculation(llm)}]\n")
     finally:
         llm.close()
+    if failed:  # a script piping turns in learns that some got no answer
+        sys.stderr.write(f"{failed} of {turn} turns failed\n")
+        raise typer.Exit(2)
 
 
 def _speculation(llm) -> str:

@@ -11,11 +11,12 @@ stops at the first differing block and the rest is prefilled, which costs time, 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_builder.runner.llm import LLM
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.util.errors import InputError
 
 BLOCK_TOKENS = 4  # reuse granularity: at most 3 tokens of history are prefilled again per turn
 CACHE_BYTES = 512 << 20
@@ -61,15 +62,28 @@ class ChatSession:
     def send(self, text: str) -> Iterator[str]:
         """Stream the assistant's answer to TEXT; the turn joins the history once the answer is complete."""
         messages = [*self.messages, {"role": "user", "content": text}]
+        params = self._fitted(messages)
         cache = self.llm.generator.prefix_cache if self.reuses else None
         hits = cache.stats().hit_tokens if cache is not None else 0
-        with self.llm.stream_chat(messages, self.params) as stream:
+        with self.llm.stream_chat(messages, params) as stream:
             yield from stream
         out, timings = stream.output, stream.timings
         reused = (cache.stats().hit_tokens - hits) if cache is not None else 0
         self.last = TurnStats(len(out.prompt_token_ids), reused, len(out.token_ids),
                               timings.prefill_ms if timings else 0.0, timings.decode_seconds if timings else 0.0)
         self.messages = [*messages, {"role": "assistant", "content": out.text}]
+
+
+    def _fitted(self, messages: list[dict[str, Any]]) -> SamplingParams:
+        """This turn's parameters with the answer capped at the positions the conversation leaves (llama.cpp's chat
+        does the same with its context): a long conversation gets shorter answers, not an error each turn."""
+        params = self.params or self.llm.default_params()
+        max_seq = self.llm.generator.backend.kv.max_seq
+        room = max_seq - len(self.llm.encode_chat(messages))
+        if room < 1:
+            raise InputError(f"the conversation fills all {max_seq} positions of the engine (its max_seq_len); start "
+                             "a new one, or rebuild the engine with a larger --max-seq-len")
+        return replace(params, max_new_tokens=room) if params.max_new_tokens > room else params
 
 
 def _chat_cache(kv):

@@ -58,3 +58,15 @@ def test_no_prefix_cache_prefills_every_turn_whole_with_the_same_answers(smollm2
     second = smollm2_llm.chat([{"role": "user", "content": Q1}, {"role": "assistant", "content": first},
                                {"role": "user", "content": Q2}], params)[0].text
     assert plain.stdout == f"{first}\n{second}\n"  # what the cached session answers too (the test above)
+
+
+def test_answers_fit_the_context_and_a_failed_turn_exits_2(smollm2_engine):
+    # an answer longer than the engine holds is capped at what the conversation leaves, not refused each turn
+    proc = chat(smollm2_engine, f"{Q1}\n", "--max-new-tokens", "100000")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout and "error" not in proc.stderr
+    # a turn that cannot run says why, the REPL goes on to the next one, and the exit code tells a script
+    proc = chat(smollm2_engine, "tell " * 5000 + f"\n{Q1}\n")
+    assert proc.returncode == 2, proc.stderr
+    assert "error:" in proc.stderr and "1 of 2 turns failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Paris" in proc.stdout
