@@ -27,8 +27,10 @@ def run(
     engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="Prompt text; read from stdin when "
                                                                        "absent.")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Treat the prompt as a user message and apply the "
-                                                      "model's chat template.")] = False,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help="Treat the prompt as a user message in "
+                                                               "the model's chat template (--no-chat: the raw text "
+                                                               "as written). Default: --chat where the tokenizer "
+                                                               "has a chat template.", show_default=False)] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate at most (default: "
                                                             "generation_config.json, else 16).")] = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy. Default: the model's "
@@ -69,7 +71,7 @@ def run(
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
-    Example: trtbuild run engine --chat --prompt "What is the capital of France?" --max-new-tokens 64
+    Example: trtbuild run engine --prompt "What is the capital of France?" --max-new-tokens 64
     """
     from engine_builder.cli.structured_options import constraint_options
     from engine_builder.runner.backend_choice import BACKENDS
@@ -106,6 +108,8 @@ def run(
     llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache,
               kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization)
     params = llm.default_params(**user)
+    if chat is None:  # an instruct model answers its template; llama.cpp's CLI applies it by default too
+        chat = bool(getattr(llm.tokenizer, "chat_template", None))
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": text}], params)
     else:

@@ -35,7 +35,7 @@ def test_moe_tp2_run_matches_hf(family, tmp_path):
     want, _ = hf_greedy(hf, ids, NEW_TOKENS)
     assert 2 not in want  # no EOS: `run` generates every token, comparable one for one
     proc = trtbuild("run", tmp_path / "engine", "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS), "--json",
-                    timeout=240)
+                    "--no-chat", timeout=240)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["token_ids"] == want

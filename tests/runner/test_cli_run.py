@@ -24,7 +24,7 @@ def trtbuild_run(*args: str, stdin: str | None = None) -> subprocess.CompletedPr
 
 def test_json_output_matches_the_library(smollm2_engine, smollm2_llm):
     proc = trtbuild_run(smollm2_engine, "--prompt", "The capital of France is", "--max-new-tokens", "24",
-                        "--temperature", "0", "--stop", ".", "--stop", "never", "--json")
+                        "--temperature", "0", "--stop", ".", "--stop", "never", "--json", "--no-chat")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # stdout holds exactly one JSON object
     expected = smollm2_llm.generate("The capital of France is",
@@ -36,9 +36,19 @@ def test_json_output_matches_the_library(smollm2_engine, smollm2_llm):
     assert result["timings"]["prefill_ms"] > 0 and result["timings"]["decode_tok_s"] > 0
 
 
+def test_a_chat_model_answers_in_its_template_by_default(smollm2_engine, smollm2_llm):
+    """`run --prompt` on an instruct model is a user turn (llama.cpp's CLI does the same); --no-chat is raw text."""
+    question = "What is the capital of France?"
+    proc = trtbuild_run(smollm2_engine, "--prompt", question, "--max-new-tokens", "24", "--temperature", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    expected = smollm2_llm.chat([{"role": "user", "content": question}], params)[0]
+    assert json.loads(proc.stdout)["token_ids"] == list(expected.token_ids) and "Paris" in expected.text
+
+
 def test_streams_text_to_stdout_and_stats_to_stderr(tiny_engine):
     engine, _ = tiny_engine("llama")
-    proc = trtbuild_run(engine, "--prompt", "w1 w5 w9", "--max-new-tokens", "6", "--temperature", "0")
+    proc = trtbuild_run(engine, "--prompt", "w1 w5 w9", "--max-new-tokens", "6", "--temperature", "0", "--no-chat")
     assert proc.returncode == 0, proc.stderr
     expected = LLM(engine).generate("w1 w5 w9", SamplingParams(max_new_tokens=6, temperature=0))[0]
     assert proc.stdout == expected.text + "\n"
@@ -47,7 +57,8 @@ def test_streams_text_to_stdout_and_stats_to_stderr(tiny_engine):
 
 def test_prompt_from_stdin_and_seeded_sampling(tiny_engine):
     engine, _ = tiny_engine("llama")
-    args = (engine, "--max-new-tokens", "8", "--temperature", "1.0", "--top-k", "40", "--seed", "7", "--json")
+    args = (engine, "--max-new-tokens", "8", "--temperature", "1.0", "--top-k", "40", "--seed", "7", "--json",
+            "--no-chat")
     first, again = trtbuild_run(*args, stdin="w1 w5 w9\n"), trtbuild_run(*args, stdin="w1 w5 w9\n")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["token_ids"] == json.loads(again.stdout)["token_ids"]

@@ -30,7 +30,7 @@ def paged(tiny_serve_engine, tmp_path_factory):
 
 def _run(engine, *args):
     return trtbuild("run", engine, "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--temperature", "0",
-                    "--json", *args, timeout=120)
+                    "--json", "--no-chat", *args, timeout=120)
 
 
 def test_run_takes_a_size_and_answers_the_same(paged):

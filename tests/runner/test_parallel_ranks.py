@@ -98,7 +98,7 @@ def test_tp_run_matches_hf(parallel_engine, hf_greedy, tp, launcher):
     """tp=4 splits the tiny llama's 4 query heads one per rank and replicates its 2 KV heads."""
     engine, prompt = parallel_engine(tp, 1), PROMPTS[0]
     assert 2 not in hf_greedy[prompt]  # no EOS: `run` generates all NEW_TOKENS, comparable token for token
-    args = ["run", engine, "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS), "--json"]
+    args = ["run", engine, "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS), "--json", "--no-chat"]
     if launcher == "one-command":
         proc = trtbuild(*args, timeout=180)
     elif launcher == "torchrun":
@@ -122,7 +122,7 @@ def test_pp2_run_matches_hf(parallel_engine, hf_greedy):
     prompt = PROMPTS[1]
     assert 2 not in hf_greedy[prompt]
     proc = trtbuild("run", parallel_engine(1, 2), "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS), "--json",
-                    timeout=180)
+                    "--no-chat", timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["token_ids"] == hf_greedy[prompt]
 
@@ -149,6 +149,6 @@ def test_tp2_beam_search_matches_the_single_process_engine(parallel_engine, tiny
     with LLM(build_engine(tmp_path / "ckpt", tmp_path / "engine", LIMITS)) as llm:
         expected = list(llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=NEW_TOKENS, num_beams=3))[0].token_ids)
     proc = trtbuild("run", parallel_engine(2, 1), "--prompt", PROMPTS[0], "--max-new-tokens", str(NEW_TOKENS),
-                    "--num-beams", "3", "--json", timeout=180)
+                    "--num-beams", "3", "--json", "--no-chat", timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["token_ids"] == expected

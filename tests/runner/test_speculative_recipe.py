@@ -20,7 +20,7 @@ PROMPT = "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8 w9 w10 w5 w6 w7"
 
 def _run_json(engine, *flags: str) -> dict:
     proc = trtbuild("run", engine, "--prompt", PROMPT, "--max-new-tokens", "30", "--temperature", "0", "--json",
-                    "--backend", "onnxruntime", *flags)
+                    "--backend", "onnxruntime", "--no-chat", *flags)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
