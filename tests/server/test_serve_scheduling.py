@@ -12,7 +12,11 @@ from engine_builder import LLM
 
 MODEL = "tiny"
 # one request of up to 96 tokens at a time: a second one preempts or waits
-SERVER_ARGS = ("--model-name", MODEL, "--kv-budget-tokens", "96", "--max-num-batched-tokens", "16")
+# --parse-chat-special-tokens: the tiny vocabulary's special tokens are word-like (w0, w1, w2), so an answer such as
+# "w282" fed back as the assistant turn holds special-token text, which the server otherwise tokenizes as text;
+# parsed, the conversation tokenizes as LLM.chat does, and the answers compare token for token with `alone`
+SERVER_ARGS = ("--model-name", MODEL, "--kv-budget-tokens", "96", "--max-num-batched-tokens", "16",
+               "--parse-chat-special-tokens")
 SYSTEM = " ".join(f"w{i}" for i in range(30, 42))  # (w0, w1, w2 are special: no word may start so)
 
 
