@@ -45,7 +45,8 @@ def serve(
              "(default: no per-client limit). Set it on a shared endpoint: one client opening streams, even "
              "ones it drops at once, otherwise takes the compute every other client waits for.")] = None,
     max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer is refused. "
-                                                              "Default: the engine's max_input_len.")] = None,
+                                                              "Default: the engine's max_input_len, at most "
+                                                              "--max-total-tokens - 1.")] = None,
     max_total_tokens: Annotated[int | None, typer.Option(help="Prompt + new tokens per request; more is refused. "
                                                               "Default: the engine's max_seq_len.")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="TRTBUILD_API_KEY", show_envvar=True,

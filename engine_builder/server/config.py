@@ -93,8 +93,10 @@ class ServerConfig:
                    stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
-        max_input = limits.max_input_len if max_input_tokens is None else max_input_tokens
         max_total = limits.max_seq_len if max_total_tokens is None else max_total_tokens
+        # by default a prompt leaves room for one new token: an engine built with max_input_len == max_seq_len
+        # (`build --max-seq-len 1024` keeps the default max_input_len 1024) serves, not refuses to start
+        max_input = min(limits.max_input_len, max_total - 1) if max_input_tokens is None else max_input_tokens
         if not 1 <= max_input <= limits.max_input_len:
             raise InputError(f"--max-input-tokens {max_input} must be in [1, {limits.max_input_len}] (the engine's "
                              "max_input_len); lower it or rebuild the engine with a larger --max-input-len")
