@@ -12,7 +12,6 @@ gives a model it loads without its modules.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from converters.registry import Converter, Target, register_converter
 from engine_builder.formats.encoder_spec import EncoderActivation, EncoderSpec, PoolingMode, PoolingSpec
 from engine_builder.formats.model_config import AttentionSpec, BlockSpec, ModelConfig, RopeConfig
 from engine_builder.util.errors import InputError, UnsupportedError
+from engine_builder.util.input_files import MAX_CONFIG_BYTES, read_json
 
 E = "embeddings."
 L = "encoder.layer.{layer}."
@@ -157,7 +157,4 @@ def _pooling_mode(path: Path) -> PoolingMode:
 
 
 def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}); fix or restore it") from None
+    return read_json(path, MAX_CONFIG_BYTES, "fix or restore it")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,8 +9,10 @@ if TYPE_CHECKING:
     import torch
 
 from converters.registry import TensorInfo
-from converters.sources.source import TOKENIZER_FILES, _torch_dtype_name, safetensors_header
+from converters.sources.source import _torch_dtype_name, safetensors_header
+from converters.sources.tokenizer_files import checked_tokenizer_files
 from engine_builder.util.errors import InputError
+from engine_builder.util.input_files import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, read_json_object
 
 
 class HFSafetensorsSource:
@@ -22,10 +23,10 @@ class HFSafetensorsSource:
         config_path = root / "config.json"
         if not config_path.is_file():
             raise InputError(f"{root} has no config.json; pass the dir that holds config.json and *.safetensors")
-        try:
-            self.hf_config = json.loads(config_path.read_text())
-        except ValueError as exc:
-            raise InputError(f"{config_path} is not valid JSON ({exc})") from exc
+        self.hf_config = read_json_object(config_path, MAX_CONFIG_BYTES,
+                                          "restore the model's own config.json (re-download it)")
+        # checked now: convert copies them as they are, and run would be the first to load them
+        self._tokenizer_files = checked_tokenizer_files(root)
         self._shards = self._find_shards()
         # name -> (shard, absolute byte offset, byte count); headers only, no tensor data read
         self._ranges: dict[str, tuple[Path, int, int]] = {}
@@ -42,10 +43,11 @@ class HFSafetensorsSource:
     def _find_shards(self) -> list[Path]:
         index = self.root / "model.safetensors.index.json"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as exc:
-                raise InputError(f"{index} is not a valid safetensors index ({exc})") from exc
+            fix = "restore the model's own index (re-download it)"
+            weight_map = read_json_object(index, MAX_INDEX_BYTES, fix).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise InputError(f"{index} is not a valid safetensors index (no \"weight_map\" of tensor name -> "
+                                 f"file name); {fix}")
             shards = sorted({self.root / f for f in weight_map.values()})
             if missing := [s.name for s in shards if not s.is_file()]:
                 raise InputError(f"{index} names missing shard(s) {', '.join(missing)}; re-download them")
@@ -79,9 +81,6 @@ class HFSafetensorsSource:
         return [self.root / "config.json", *self._shards]
 
     def write_tokenizer(self, out_dir: Path) -> list[str]:
-        copied = []
-        for name in TOKENIZER_FILES:
-            if (self.root / name).is_file():
-                (out_dir / name).write_bytes((self.root / name).read_bytes())
-                copied.append(name)
-        return copied
+        for name in self._tokenizer_files:
+            (out_dir / name).write_bytes((self.root / name).read_bytes())
+        return list(self._tokenizer_files)

@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -185,3 +186,87 @@ def test_ctrl_c_during_write_leaves_nothing(tmp_path):
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert not out.exists()
     assert not list(tmp_path.glob(".out.*"))
+
+
+# Issue 36 LOW 8: each file convert reads from a checkpoint dir is checked at convert time (not at run), with a
+# size bound before it is read
+
+
+def test_deeply_nested_config_json(hf_copy, tmp_path):
+    (hf_copy / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in json.loads
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "config.json",
+                      "nested too deeply", "re-download")
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "tokenizer.json"])
+def test_oversized_file_refused_before_reading(hf_copy, tmp_path, name):
+    """A sparse file of zeros past the bound: refused by its size, not as the invalid JSON it also is."""
+    with open(hf_copy / name, "wb") as f:
+        f.truncate((64 << 20) + 1)
+    assert_user_error(run_convert(hf_copy, tmp_path / "out", "--dry-run"), tmp_path / "out", name, "MiB",
+                      "re-download")
+
+
+def _rewrite_safetensors_header(path: Path, edit) -> None:
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    edit(header, sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"]))
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def _reverse_first(header, names):
+    header[names[0]]["data_offsets"].reverse()
+
+
+def _overlap_second(header, names):  # the second tensor starts 4 bytes inside the first, same size
+    header[names[1]]["data_offsets"] = [o - 4 for o in header[names[1]]["data_offsets"]]
+
+
+def _shape_disagrees(header, names):  # an [a, b] tensor read as [a, b - 1] leaves bytes that belong to no tensor
+    header[names[0]]["shape"][-1] -= 1
+
+
+@pytest.mark.parametrize(("edit", "needle"), [(_reverse_first, "data_offsets"), (_overlap_second, "overlaps"),
+                                              (_shape_disagrees, "needs")])
+def test_safetensors_offsets_must_tile_the_data(hf_copy, tmp_path, edit, needle):
+    """Reversed offsets failed mid-write with a traceback; overlapping ones passed convert and copied the bytes."""
+    _rewrite_safetensors_header(hf_copy / "model.safetensors", edit)
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "model.safetensors", needle,
+                      "re-download or re-save")
+
+
+@pytest.mark.parametrize(("name", "content", "needle"), [
+    ("tokenizer.json", '{"version": "1.0", "model": {"type": "Nope"}}', "tokenizers library can load"),
+    ("tokenizer.json", "[" * 100_000, "tokenizers library can load"),
+    ("tokenizer_config.json", '["not", "an", "object"]', "not a JSON object"),
+    ("tokenizer_config.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("merges.txt", b"\xff\xfe junk", "not UTF-8"),
+])
+def test_junk_tokenizer_file_refused_at_convert(hf_copy, tmp_path, name, content, needle):
+    """A junk tokenizer.json passed convert and build, and `run` failed with transformers' traceback."""
+    path = hf_copy / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    from converters.convert import plan
+    from engine_builder.util.errors import InputError
+
+    with pytest.raises(InputError, match="re-download the tokenizer files") as refused:
+        plan(hf_copy)
+    assert str(path) in str(refused.value) and needle in str(refused.value)
+
+
+def test_junk_tokenizer_json_exits_2_and_writes_nothing(hf_copy, tmp_path):
+    (hf_copy / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
+    assert_user_error(run_convert(hf_copy, tmp_path / "out"), tmp_path / "out", "tokenizer.json",
+                      "re-download the tokenizer files")
+
+
+def test_real_tokenizer_files_pass_and_are_copied(hf_copy, tmp_path):
+    from runner_engines import add_word_tokenizer
+
+    add_word_tokenizer(hf_copy, 320)
+    proc = run_convert(hf_copy, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (hf_copy / name).read_bytes()
