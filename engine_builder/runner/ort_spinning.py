@@ -4,9 +4,9 @@ A decode step is ~250 small kernels; between them onnxruntime's worker threads s
 so the next kernel starts without a wake-up. That is worth it only while each thread has a core to
 itself. Measured (the retired benchmarks/spin_wait.py, results/draft-vocab-and-spin-wait-retired.txt: a
 SmolLM2-shaped int4 step, 2 threads pinned to 2 cores, onnxruntime 1.30, Xeon): quiet 4.77 ms spinning vs
-5.33 ms not; beside 2 busy processes 14.3 ms spinning vs 9.6 ms not. On the shared 2-core EPYC this repo is developed on (load average
-~9) the bundled SmolLM2 `--quant gguf` engine decoded 11.0 tok/s spinning and 31.1 not (median
-of 5 alternating runs). So `auto` spins only when the cores the threads need are idle, read when the
+5.33 ms not; beside 2 busy processes 14.3 ms spinning vs 9.6 ms not. On the shared 2-core EPYC this repo is
+developed on (load average ~9) the bundled SmolLM2 `--quant gguf` engine decoded 11.0 tok/s spinning and 31.1
+not (median of 5 alternating runs). So `auto` spins only when the cores the threads need are idle, read when the
 session opens: by what other processes used of this process's CPUs since the process started or its
 previous session opened (runner/cpu_busy.py; a window under 0.1 s is waited out, one over a minute is
 replaced by a fresh 0.1 s one, within 0.25 core of idle counts as idle), or by the 1-minute load average
