@@ -120,6 +120,12 @@ def convert(
       trtbuild convert model.Q4_1.gguf ckpt-q4 --quant gguf
       trtbuild convert model.Q4_1.gguf ckpt-q4-draft --quant gguf --lm-head int8
     """
+    from converters.quantize.quant_options import QuantOptions
+
+    # the flags alone refused first: converters.convert's imports (numpy, the source readers, the writers) were
+    # most of such a refusal's time; convert() checks them again for library callers
+    QuantOptions(quant, group_size, kv_cache, calib, calib_samples, calib_seq_len, tuple(exclude or ()),
+                 lm_head).validate()
     from converters.convert import convert as convert_checkpoint
     from converters.convert import plan
 

@@ -1,7 +1,9 @@
-"""Ctrl-C and SIGTERM stop `trtbuild build` within 2 s while TensorRT-RTX is building, leaving nothing behind.
+"""Ctrl-C and SIGTERM stop `trtbuild build` while TensorRT-RTX is building, leaving nothing behind.
 
 TensorRT holds the GIL for the whole build, so the build runs in a child process the CLI kills
-(engine_builder/trt/engine_build.py)."""
+(engine_builder/trt/engine_build.py). The tests freeze that process (SIGSTOP) before the signal: a CLI that
+waited for the build to end instead of killing it would then never exit. Behaviour, not a time budget (one of
+2 s failed under a loaded CI machine, issue 36 LOW 12); benchmarks/refusal_latency.py measures the time."""
 
 from __future__ import annotations
 
@@ -67,18 +69,22 @@ def wait_for_tensorrt(proc: subprocess.Popen[str]) -> int:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_signal_stops_the_tensorrt_build_within_2s_and_leaves_nothing(slow_ckpt, tmp_path, how):
+def test_a_signal_kills_the_tensorrt_build_and_leaves_nothing(slow_ckpt, tmp_path, how):
     out = tmp_path / "engine"
     proc = start_build(slow_ckpt, out)
     child = wait_for_tensorrt(proc)
     assert build_process(proc.pid) == child, "the TensorRT build ended before the signal: make it slower"
-    sent = time.monotonic()
+    os.kill(child, signal.SIGSTOP)  # frozen mid-build: it can end now only by being killed
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)  # the terminal signals the foreground process group
     else:
         proc.send_signal(signal.SIGTERM)  # a CI runner or `kill` signals the process
-    _, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 2.0
+    try:
+        _, err = proc.communicate(timeout=120)  # a guard against a hang, not a budget
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("trtbuild build waited for its frozen TensorRT build instead of killing it") from None
     assert proc.returncode == 2 and "interrupted: nothing was written" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no engine dir, no temp dir
     assert not Path(f"/proc/{child}").exists()  # the TensorRT build process is gone too
@@ -86,14 +92,25 @@ def test_a_signal_stops_the_tensorrt_build_within_2s_and_leaves_nothing(slow_ckp
 
 def test_the_tensorrt_build_dies_with_a_killed_parent(slow_ckpt, tmp_path):
     """SIGKILL (the OOM killer, `kill -9`) leaves no handler to run: the build process must not outlive the
-    command and go on burning CPU and writing into a temp dir nobody owns."""
+    command and go on burning CPU and writing into a temp dir nobody owns. Frozen first, so that it cannot end
+    by finishing its build: only the kernel's parent-death signal can end it."""
     proc = start_build(slow_ckpt, tmp_path / "engine")
     child = wait_for_tensorrt(proc)
+    os.kill(child, signal.SIGSTOP)
     proc.kill()
     proc.communicate(timeout=30)
-    deadline = time.monotonic() + 2.0
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # a guard against waiting forever, not a budget: the kernel kills it at once
+    while process_state(child) not in (None, "Z") and time.monotonic() < deadline:  # Z: dead, not yet reaped
         time.sleep(0.05)
-    stat = Path(f"/proc/{child}/stat")
-    state = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else None  # Z: dead, not yet reaped
+    state = process_state(child)
+    if state not in (None, "Z"):
+        os.kill(child, signal.SIGKILL)
     assert state in (None, "Z"), f"the TensorRT build process {child} outlived its killed parent ({state})"
+
+
+def process_state(pid: int) -> str | None:
+    """PID's state letter in /proc (R, S, T: stopped, Z: dead), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
