@@ -25,6 +25,7 @@ from engine_builder.server.generation import ServerState
 from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
 from engine_builder.server.metrics import CONTENT_TYPE
 from engine_builder.server.stalled_clients import StalledClientMiddleware
+from engine_builder.server.unread_body import UnreadBodyMiddleware
 from engine_builder.util.version import __version__
 
 
@@ -49,6 +50,7 @@ def create_app(executor: Executor, config: ServerConfig, access_log: Callable[[s
         app.add_middleware(ClientLimitMiddleware, limit=config.max_concurrent_per_client, on_reject=count_rejected)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=count_rejected)
+    app.add_middleware(UnreadBodyMiddleware)  # around every refusal sent before the body is read (unread_body.py)
     if access_log is not None:  # outermost: refusals are logged too, streams timed to their last byte
         app.add_middleware(AccessLogMiddleware, write=access_log, fmt=log_format)
     app.include_router(tgi.router)

@@ -45,8 +45,9 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._on_reject(TOO_LARGE.status)
         exc = RequestTooLarge(self.max_bytes)
-        # the HTTP server discards the unread body as it arrives (nothing is buffered), so a client that
-        # sends it all before reading still gets this answer rather than a reset connection
+        # the body is never read into memory: uvicorn discards it as it arrives, and where the client asked to
+        # close the connection, unread_body.py drains it first, so a client that sends it all before reading
+        # still gets this answer rather than a reset connection
         response = JSONResponse(error_body(is_openai_route(scope["path"]), TOO_LARGE, exc.detail),
                                 status_code=TOO_LARGE.status)
         await response(scope, receive, send)

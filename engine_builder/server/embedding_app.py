@@ -29,6 +29,7 @@ from engine_builder.server.embedding_metrics import embedding_metrics
 from engine_builder.server.embeddings_api import UNSUPPORTED, EmbeddingService
 from engine_builder.server.http_errors import UNAVAILABLE, ApiError, error_response, install_error_handlers
 from engine_builder.server.metrics import CONTENT_TYPE
+from engine_builder.server.unread_body import UnreadBodyMiddleware
 from engine_builder.util.version import __version__
 
 GENERATION_ROUTES = ("/generate", "/generate_stream", "/", "/v1/completions", "/v1/chat/completions")
@@ -45,6 +46,7 @@ def create_embedding_app(service: EmbeddingService) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=lambda status: None)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=lambda status: None)
+    app.add_middleware(UnreadBodyMiddleware)  # around every refusal sent before the body is read (unread_body.py)
     app.include_router(embeddings_api.router)
 
     async def refuse_generation(request: Request) -> Response:
