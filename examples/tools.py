@@ -1,9 +1,11 @@
 """An OpenAI tool call through `trtbuild serve`: the model asks for get_weather, we run it, it answers.
 
 With tool_choice "required" (the default here) the server grammar-constrains the model's output to a call
-whose arguments match the function's JSON schema (finish_reason "tool_calls"; parallel_tool_calls=False: at most one); "auto" lets the model choose
-between a call and a plain answer. The tool's result goes back as a {"role": "tool"} message and the model
-answers in words. Starts its own server like openai_client.py (whose `served()` it uses), or --base-url.
+whose arguments match the function's JSON schema (finish_reason "tool_calls"; parallel_tool_calls=False: at
+most one); "auto" lets the model choose between a call and a plain answer. The tool's result goes back as a
+{"role": "tool"} message and the model answers in words (SmolLM2-135M often just echoes the result back;
+larger models phrase it). Starts its own server like openai_client.py (whose `served()` it uses), or takes
+--base-url.
 
     .venv/bin/python examples/tools.py build/demo/smollm2-engine
     .venv/bin/python examples/tools.py --base-url http://127.0.0.1:8000 --city Tokyo --tool-choice auto
