@@ -5,7 +5,8 @@
                              writes them (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, the
                              Hermes/Qwen format, or one bare {"name", "arguments"} object)
     tool_choice "required"   the output is grammar-constrained to a JSON array of one or more calls
-                             [{"name": <one of the tools>, "arguments": <that tool's parameters schema>}]
+                             [{"name": <one of the tools>, "arguments": <that tool's parameters schema>}];
+                             cut by max_tokens, the calls completed before the cut, finish_reason "length"
     {"type": "function", "function": {"name": F}}
                              the output is grammar-constrained to F's parameters schema: it is the
                              arguments (streamed as the arguments' deltas)
@@ -36,6 +37,8 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 MAX_TOOLS = 128
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 TOOL_CALL_OPEN = "<tool_call>"
+_DECODER = json.JSONDecoder()
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 class FunctionDef(BaseModel):
@@ -197,9 +200,9 @@ def parse(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[str, An
     if tool_plan.mode == "named":
         return None, [new_call(tool_plan.named, text)]
     if tool_plan.mode == "required":
-        try:
-            calls = json.loads(text)
-        except json.JSONDecodeError:  # cut by max_tokens: no complete call to report
+        # an array cut by max_tokens (a model that repeats its call until then) keeps the calls it completed
+        calls = [c for c in _complete_items(text) if isinstance(c, dict) and "name" in c and "arguments" in c]
+        if not calls:  # cut inside the first call: nothing complete to report
             return text, []
         return None, [new_call(c["name"], c["arguments"]) for c in calls]
     if tool_plan.mode != "auto":
@@ -218,6 +221,29 @@ def parse(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict[str, An
         return text, []
     content = text.split(TOOL_CALL_OPEN, 1)[0].strip() if TOOL_CALL_OPEN in text else ""
     return content or None, calls
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The elements of the JSON array TEXT that are complete, whether the array is or not."""
+    items: list[Any] = []
+    at = _skip_space(text, 0)
+    if not text.startswith("[", at):
+        return items
+    at += 1
+    while True:
+        try:
+            item, at = _DECODER.raw_decode(text, _skip_space(text, at))
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
+        at = _skip_space(text, at)
+        if not text.startswith(",", at):
+            return items
+        at += 1
+
+
+def _skip_space(text: str, at: int) -> int:
+    return _JSON_SPACE.match(text, at).end()
 
 
 def may_be_call(text: str) -> bool:

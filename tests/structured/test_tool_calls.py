@@ -64,6 +64,33 @@ def test_required_calls_validate(client):
     _check_call(c.message.tool_calls[0])
 
 
+def test_required_parallel_calls_cut_by_max_tokens_keep_the_complete_ones(client):
+    """SmolLM2 repeats its call until max_tokens when several are allowed: the answer carried no tool_calls,
+    only the cut JSON as content (issue 36 LOW 10). The calls it completed are kept, and finish_reason says
+    the answer was cut; streamed, the same calls at the end."""
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=60,
+                  temperature=0)
+    c = client.chat.completions.create(**kwargs).choices[0]
+    assert c.finish_reason == "length" and c.message.content is None and c.message.tool_calls
+    for call in c.message.tool_calls:
+        _check_call(call)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in streamed] == [
+        (call.function.name, call.function.arguments) for call in c.message.tool_calls]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_required_mode_parses_the_complete_calls_of_a_cut_array():
+    required = ToolPlan("required", (Tool.model_validate(WEATHER), Tool.model_validate(TIME)))
+    whole = '[{"name": "get_time", "arguments": {"timezone": "CET"}}]'
+    assert [c["function"]["name"] for c in parse(whole, required)[1]] == ["get_time"]
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    content, calls = parse(f"[{call},\n {call}, {call[:30]}", required)
+    assert content is None and [json.loads(c["function"]["arguments"])["city"] for c in calls] == ["Oslo", "Oslo"]
+    assert parse(f"[{call[:30]}", required) == (f"[{call[:30]}", [])  # nothing complete: the text, as before
+
+
 def test_tool_result_in_history_and_tool_choice_none(client):
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
