@@ -162,15 +162,15 @@ def load_tokenizer(path: Path) -> Any:
     `trtbuild run`'s cold start, issue 16); else transformers' own class."""
     from engine_builder.runner.fast_tokenizer import GENERIC_CLASSES, FastTokenizer, eligible
 
-    fast = eligible(Path(path))
-    if fast is not None:
-        return FastTokenizer(Path(path), *fast)
     try:
-        generic = (Path(path) / "tokenizer.json").is_file() and json.loads(
-            (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in GENERIC_CLASSES
-    except (OSError, ValueError, AttributeError):
-        generic = False
-    try:
+        fast = eligible(Path(path))
+        if fast is not None:
+            return FastTokenizer(Path(path), *fast)
+        try:
+            generic = (Path(path) / "tokenizer.json").is_file() and json.loads(
+                (Path(path) / "tokenizer_config.json").read_text()).get("tokenizer_class") in GENERIC_CLASSES
+        except (OSError, ValueError, AttributeError):
+            generic = False
         if generic:
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -178,5 +178,9 @@ def load_tokenizer(path: Path) -> Any:
         from transformers import AutoTokenizer  # seconds to import: only when a tokenizer is needed
 
         return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load the tokenizer in {path}: {exc}".replace("\n", " ")) from None
+    # the files are the user's: a malformed one surfaces as whatever its parser raises (transformers: KeyError for a
+    # tokenizer.json without "added_tokens", tokenizers: Exception), each a one-line refusal, not a traceback
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"cannot load the tokenizer in {path}: {type(exc).__name__}: {exc}; restore the model's "
+                         "tokenizer files (tokenizer.json, tokenizer_config.json) or convert again".replace("\n", " ")
+                         ) from None

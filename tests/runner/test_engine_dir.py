@@ -111,3 +111,15 @@ def test_the_host_ram_plan_refuses_the_twin_at_open_not_the_dir(tiny_engine, mon
     assert EngineDir.load(engine.path).path == engine.path
     with pytest.raises(ConfigError, match="needs about .* more than TRTBUILD_MEMORY_GB"):
         OrtBackend(engine)
+
+
+@pytest.mark.parametrize("junk", ["not json", '{"model": 5}'])
+def test_a_broken_tokenizer_in_an_engine_dir_is_one_line_at_run(tiny_engine, tmp_path, junk):
+    """An engine dir's tokenizer.json edited after convert (run --no-verify skips the hashes that would catch it):
+    whatever its parser raises (JSONDecodeError, transformers' KeyError) is one line and exit 2, not a traceback."""
+    engine, _ = tiny_engine("llama")
+    broken = tmp_path / "engine"
+    shutil.copytree(engine, broken)
+    (broken / "tokenizer.json").write_text(junk)
+    assert_user_error(trtbuild("run", broken, "--prompt", "w3", "--max-new-tokens", "2", "--no-verify"),
+                      "cannot load the tokenizer", "restore the model's tokenizer files")
