@@ -28,6 +28,7 @@ from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
+from engine_builder.runner.grammar import Constraint, first_line
 from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.ort_spinning import sessions_take_turns
 from engine_builder.runner.request_state import Event, RequestState, Timings
@@ -49,7 +50,9 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...]
     text: str  # generated text; a stop string and the stop token's text are not included
     token_ids: tuple[int, ...]  # generated only; the stop token that ended the request is included (vLLM)
-    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length" (max_new_tokens)
+    # "stop" (EOS, stop token or stop string), "length" (max_new_tokens), or "error": a json_schema / regex / choice
+    # answer the grammar engine gave up on mid-way (it then allows only EOS), with stop_reason saying why
+    finish_reason: str
     stop_reason: int | str | None  # the stop string or stop_token_ids entry that matched; None for EOS/length
     logprobs: tuple[TokenLogprobs, ...] | None  # one per token_ids entry when params.logprobs is set
     # one per prompt token (None for the first) when params.prompt_logprobs is set
@@ -65,8 +68,14 @@ class RequestOutput:
 
 
 def _output(r: RequestState, prompt: str | None) -> RequestOutput:
-    return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), r.finish_reason or "length",
-                         r.stop_reason, tuple(r.logprobs) if r.logprobs is not None else None,
+    reason, why = r.finish_reason or "length", r.stop_reason
+    grammar = r.sampling.grammar
+    if reason == "stop" and grammar is not None and grammar.error is not None:
+        # llguidance gave up mid-answer and then allowed only EOS: never an invalid answer reported as finished
+        kind = Constraint.of(r.params).kind
+        reason, why = "error", f"the grammar engine gave up on this {kind} mid-answer ({first_line(grammar.error)})"
+    return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), reason,
+                         why, tuple(r.logprobs) if r.logprobs is not None else None,
                          tuple(r.prompt_logprobs) if r.prompt_logprobs is not None else None)
 
 

@@ -131,3 +131,21 @@ def test_an_answer_the_grammar_engine_gave_up_on_is_an_error_not_a_stop(client, 
                                   extra_body={"guided_json": GIVES_UP})
     assert httpx.get(f"{tiny_bpe_server.url}/health", timeout=30).status_code == 200
 
+
+
+def test_the_library_reports_an_answer_the_grammar_gave_up_on_as_an_error(tiny_bpe_engine, tokenizer):
+    """LLM.generate / stream (no server) replay a constrained answer that ended on EOS as the server does:
+    finish_reason "error" with the reason in stop_reason (it said "stop" for an answer that fails its schema)."""
+    from engine_builder import LLM
+
+    key, = tokenizer.encode('{"')
+    params = SamplingParams(max_new_tokens=40, temperature=0, json_schema=GIVES_UP, logit_bias={key: 100})
+    with LLM(tiny_bpe_engine) as llm:
+        out = llm.generate("Answer in JSON.", params)[0]
+        with llm.stream("Answer in JSON.", params) as stream:
+            "".join(stream)
+        followed = llm.generate("Answer in JSON.", SamplingParams(max_new_tokens=40, temperature=0,
+                                                                  json_schema=_schema(1)))[0]
+    assert out.finish_reason == "error" and "gave up on this json_schema mid-answer" in out.stop_reason
+    assert stream.output.finish_reason == "error"
+    assert followed.finish_reason in ("stop", "length")  # a schema llguidance can follow is unaffected
