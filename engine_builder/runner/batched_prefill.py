@@ -63,9 +63,9 @@ if TYPE_CHECKING:
 
 
 def supported(generator: Generator) -> bool:
-    """Can this generator's backend prefill several rows in one call? (slot or paged layout, no longrope switch)"""
-    backend = generator.backend
-    return backend.reprefill_after is None
+    """Can this generator's backend prefill several rows in one call? (Any KV storage; not with a longrope
+    switch, whose re-prefill runs a row alone.)"""
+    return generator.backend.reprefill_after is None
 
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
