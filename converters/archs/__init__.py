@@ -7,6 +7,7 @@ from converters.archs import (  # noqa: F401
     gpt2,
     gpt_neox,
     llama,
+    llava,
     mistral,
     mixtral,
     phi3,

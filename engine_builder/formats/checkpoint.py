@@ -14,6 +14,7 @@ from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.moe_layout import MOE_LINEARS, moe_mlp_shapes
 from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
+from engine_builder.formats.vision_spec import vision_shapes
 from engine_builder.util.errors import ConfigError
 
 CHECKPOINT_SCHEMA = "trtbuild.checkpoint"
@@ -55,6 +56,8 @@ def expected_shapes(cfg: ModelConfig) -> Shapes:
     shapes.update(_norm_shapes(cfg, "final_norm", h))
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = ((cfg.vocab_size, h), None)
+    if cfg.vision is not None:  # a vision-language model: its tower and projector after the decoder (vision_spec.py)
+        shapes.update(vision_shapes(cfg.vision, h))
     return shapes
 
 

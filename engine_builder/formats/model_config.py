@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 from engine_builder.formats.dataclass_io import check_types
 from engine_builder.formats.encoder_spec import EncoderSpec
+from engine_builder.formats.vision_spec import VisionSpec
 from engine_builder.util.errors import ConfigError
 
 NormKind = Literal["rms_norm", "layer_norm"]
@@ -153,6 +154,8 @@ class ModelConfig:
     position_embedding: PositionKind = "rotary"
     # BERT-family encoders (formats/encoder_spec.py): no KV cache, no rotary; pooled embeddings out
     encoder: EncoderSpec | None = None
+    # vision-language decoders (LLaVA; formats/vision_spec.py): the vision tower and projector beside the decoder
+    vision: VisionSpec | None = None
 
     @property
     def q_dim(self) -> int:
@@ -200,6 +203,10 @@ class ModelConfig:
             self.encoder.validate(self.max_position_embeddings)
         elif self.position_embedding == "rotary" and (not 0 < self.rope.dim <= self.head_dim or self.rope.dim % 2):
             raise ConfigError(f"model config: rotary dim {self.rope.dim} must be even and in (0, head_dim]")
+        if self.vision is not None:
+            if self.encoder is not None:
+                raise ConfigError("model config: an encoder (encoder) takes no vision tower (vision); set one of them")
+            self.vision.validate(self.vocab_size)
         _positive("final_logit_softcap", self.final_logit_softcap)
         norm, attn, mlp = self.block.norm, self.block.attention, self.block.mlp
         # check_types / from_dict check Literal values already; these name what a newer schema may add

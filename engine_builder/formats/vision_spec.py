@@ -1,0 +1,217 @@
+"""Vision-language models (LLaVA family): the vision tower, its projector, their tensors and the vision graph's I/O.
+
+A vision-language checkpoint is a decoder ModelConfig whose `vision` is set: the text decoder's tensors keep
+their usual canonical names (the decoder graph and every runtime read them unchanged) and the vision tower and
+the multi-modal projector sit beside them under `vision.*`. What the vision graph computes (CLIP, pre-norm):
+
+    x = [class; patches(Conv P x P, stride P)] + position          [images, 1 + patches, hidden]
+    hidden_states[0] = pre_norm(x)
+    per layer i:  x += o(attention(attn_norm(x)));  x += down(act(up(mlp_norm(x))));  hidden_states[i + 1] = x
+    f = concat(hidden_states[l] for l in feature_layers)[:, 1:]     (the class token cropped by the "default" strategy)
+    image_features = projector.fc2(act(projector.fc1(f)))           [images, tokens_per_image, text hidden]
+
+transformers' `get_image_features` (models/llava/modeling_llava.py) is the reference: `vision_feature_layer`
+indexes hidden_states (negative from the end, -2 the output of the second-to-last layer), a list of them is
+concatenated along the features. Layers past the deepest selected one, and the tower's post-norm (it feeds only
+CLIP's pooled output), are not computed. The graph (network/vision_encoder.py):
+
+    pixel_values    float32 [images, channels, image_size, image_size]   as the image processor makes them
+    ->
+    image_features  float32 [images, tokens_per_image, text hidden]     spliced in at the image-token positions
+
+The image processor's config (`ImageProcessorSpec`: resize, crop, rescale, normalize) travels with the model, so
+the runtime prepares pixels as the model's own processor does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from engine_builder.util.errors import ConfigError
+
+VisionTower = Literal["clip"]
+VisionActivation = Literal["quick_gelu", "gelu", "gelu_tanh", "relu", "silu"]
+FeatureSelect = Literal["default", "full"]  # default: crop the class token; full: keep it
+Resample = Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"]  # PIL's filters
+
+PIXEL_VALUES = "pixel_values"
+IMAGE_FEATURES = "image_features"
+IMAGES = "images"  # the graph's dynamic batch axis: images per call
+
+# transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD (CLIPImageProcessor's defaults)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_VISION_LAYERS = 64  # the converter's weight map lists the tower's layers up to this (CLIP-L: 24, ViT-H: 32)
+
+
+@dataclass(frozen=True)
+class ImageProcessorSpec:
+    """The HF image processor's preprocessing (preprocessor_config.json), CLIPImageProcessor's defaults otherwise.
+
+    In order: convert to RGB, pad to a square (llava's do_pad, filled with the mean colour), resize (the shorter
+    side to `shortest_edge`, or to exactly `height` x `width`), center crop, rescale, normalize; channels first."""
+
+    do_convert_rgb: bool = True
+    do_pad: bool = False
+    do_resize: bool = True
+    shortest_edge: int | None = 224
+    height: int | None = None  # with width: resize to exactly this size instead of by the shorter edge
+    width: int | None = None
+    resample: Resample = "bicubic"
+    do_center_crop: bool = True
+    crop_height: int = 224
+    crop_width: int = 224
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple[float, ...] = CLIP_MEAN
+    image_std: tuple[float, ...] = CLIP_STD
+
+    def validate(self, channels: int) -> None:
+        where = "model config: vision.processor"
+        if self.do_resize and (self.shortest_edge is None) == (self.height is None or self.width is None):
+            raise ConfigError(f"{where}: a resize needs either shortest_edge or height and width, not both or neither")
+        for name in ("shortest_edge", "height", "width", "crop_height", "crop_width"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{where}.{name} must be >= 1, got {value}")
+        if self.resample not in get_args(Resample):
+            raise ConfigError(f"{where}.resample {self.resample!r} is not one of {', '.join(get_args(Resample))}")
+        if not (math.isfinite(self.rescale_factor) and self.rescale_factor > 0):
+            raise ConfigError(f"{where}.rescale_factor must be a positive finite number, got {self.rescale_factor}")
+        for name in ("image_mean", "image_std"):
+            values = getattr(self, name)
+            if len(values) != channels or not all(math.isfinite(v) for v in values):
+                raise ConfigError(f"{where}.{name} needs {channels} finite values (one per channel), got {values}")
+        if any(v <= 0 for v in self.image_std):
+            raise ConfigError(f"{where}.image_std must be positive, got {self.image_std}")
+
+    def output_size(self) -> tuple[int, int] | None:
+        """(height, width) of the pixels it makes, when fixed (a crop, or a resize to an exact size)."""
+        if self.do_center_crop:
+            return self.crop_height, self.crop_width
+        if self.do_resize and self.height is not None and self.width is not None:
+            return self.height, self.width
+        return None
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The vision tower (a ViT: CLIP), which of its hidden states feed the projector, the projector, the image token."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    patch_size: int
+    image_size: int
+    image_token_id: int  # the text token each image feature replaces (HF image_token_index)
+    tokens_per_image: int  # image features per image: patches, plus the class token with the "full" strategy
+    tower: VisionTower = "clip"
+    num_channels: int = 3
+    layer_norm_eps: float = 1e-5
+    activation: VisionActivation = "quick_gelu"
+    # HF vision_feature_layer: indices into hidden_states (0: the pre-normed embeddings, i: layer i's output,
+    # negative from the end); one index or several whose features are concatenated
+    feature_layers: tuple[int, ...] = (-2,)
+    feature_select_strategy: FeatureSelect = "default"  # HF vision_feature_select_strategy
+    projector_activation: VisionActivation = "gelu"
+    projector_bias: bool = True
+    processor: ImageProcessorSpec = field(default_factory=ImageProcessorSpec)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def expected_tokens(self) -> int:
+        """What tokens_per_image must be: every patch, and the class token unless the strategy crops it."""
+        return self.num_patches + (self.feature_select_strategy == "full")
+
+    def hidden_state_indices(self) -> tuple[int, ...]:
+        """feature_layers as non-negative indices into hidden_states (num_layers + 1 of them)."""
+        return tuple(i if i >= 0 else self.num_layers + 1 + i for i in self.feature_layers)
+
+    def layers_computed(self) -> int:
+        """Tower layers the features need: up to the deepest selected hidden state."""
+        return max(self.hidden_state_indices())
+
+    def validate(self, vocab_size: int) -> None:
+        where = "model config: vision"
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "patch_size", "image_size",
+                     "num_channels", "tokens_per_image"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{where}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_layers > MAX_VISION_LAYERS:
+            raise ConfigError(f"{where}.num_layers {self.num_layers} is above {MAX_VISION_LAYERS}, deeper than any "
+                              "vision tower trtbuild reads")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"{where}.hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"{where}.image_size {self.image_size} is not a multiple of patch_size "
+                              f"{self.patch_size}")
+        if not 0 <= self.image_token_id < vocab_size:
+            raise ConfigError(f"{where}.image_token_id {self.image_token_id} is outside the vocabulary "
+                              f"[0, {vocab_size})")
+        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
+            raise ConfigError(f"{where}.layer_norm_eps must be a positive finite number, got {self.layer_norm_eps}")
+        for name, value, kinds in (("tower", self.tower, VisionTower),
+                                   ("activation", self.activation, VisionActivation),
+                                   ("projector_activation", self.projector_activation, VisionActivation),
+                                   ("feature_select_strategy", self.feature_select_strategy, FeatureSelect)):
+            if value not in get_args(kinds):
+                raise ConfigError(f"{where}.{name} {value!r} is not one of {', '.join(get_args(kinds))}")
+        if not self.feature_layers or not all(0 <= i <= self.num_layers for i in self.hidden_state_indices()):
+            raise ConfigError(f"{where}.feature_layers {list(self.feature_layers)} must name hidden states of a "
+                              f"{self.num_layers}-layer tower (0..{self.num_layers}, or -1..-{self.num_layers + 1})")
+        if self.tokens_per_image != self.expected_tokens():
+            raise ConfigError(f"{where}.tokens_per_image {self.tokens_per_image} does not match {self.num_patches} "
+                              f"patches with the {self.feature_select_strategy!r} strategy ({self.expected_tokens()})")
+        self.processor.validate(self.num_channels)
+        if (size := self.processor.output_size()) is not None and size != (self.image_size, self.image_size):
+            raise ConfigError(f"{where}.processor makes {size[0]}x{size[1]} images but the tower takes "
+                              f"{self.image_size}x{self.image_size}; fix preprocessor_config.json's crop_size")
+
+
+Shapes = dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]
+
+
+def vision_shapes(spec: VisionSpec, text_hidden: int) -> Shapes:
+    """The tower's and projector's canonical tensors -> (shape, rows of each fused part or None), in file order."""
+    h, inter, p = spec.hidden_size, spec.intermediate_size, spec.patch_size
+    shapes: Shapes = {
+        "vision.embed.class": ((h,), None),
+        "vision.embed.patch.weight": ((h, spec.num_channels, p, p), None),  # a Conv of stride p, no bias
+        "vision.embed.position.weight": ((spec.num_patches + 1, h), None),
+        "vision.pre_norm.weight": ((h,), None),
+        "vision.pre_norm.bias": ((h,), None),
+    }
+    for i in range(spec.num_layers):
+        q = f"vision.layers.{i}."
+        shapes |= {
+            q + "attn_norm.weight": ((h,), None),
+            q + "attn_norm.bias": ((h,), None),
+            q + "attn.qkv.weight": ((3 * h, h), (h, h, h)),
+            q + "attn.qkv.bias": ((3 * h,), (h, h, h)),
+            q + "attn.o.weight": ((h, h), None),
+            q + "attn.o.bias": ((h,), None),
+            q + "mlp_norm.weight": ((h,), None),
+            q + "mlp_norm.bias": ((h,), None),
+            q + "mlp.up.weight": ((inter, h), None),
+            q + "mlp.up.bias": ((inter,), None),
+            q + "mlp.down.weight": ((h, inter), None),
+            q + "mlp.down.bias": ((h,), None),
+        }
+    features = h * len(spec.feature_layers)
+    shapes["vision.projector.fc1.weight"] = ((text_hidden, features), None)
+    if spec.projector_bias:
+        shapes["vision.projector.fc1.bias"] = ((text_hidden,), None)
+    shapes["vision.projector.fc2.weight"] = ((text_hidden, text_hidden), None)
+    if spec.projector_bias:
+        shapes["vision.projector.fc2.bias"] = ((text_hidden,), None)
+    return shapes
