@@ -19,6 +19,26 @@ from converters.convert import convert  # noqa: E402
 from engine_builder.formats.build_config import Limits  # noqa: E402
 
 
+class ModuleTmpFactory:
+    """tmp_path_factory.mktemp for module-scoped fixtures; the dirs go when the module's tests are done, which keeps
+    the suite's disk peak to the session fixtures plus one module (CI has run out of disk)."""
+
+    def __init__(self, factory: pytest.TempPathFactory):
+        self.factory, self.made = factory, []
+
+    def mktemp(self, name: str) -> Path:
+        self.made.append(self.factory.mktemp(name))
+        return self.made[-1]
+
+
+@pytest.fixture(scope="module")
+def module_tmp_factory(tmp_path_factory):
+    made = ModuleTmpFactory(tmp_path_factory)
+    yield made
+    for path in made.made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """tiny_model_dir(name) -> HF dir of that tiny model, made once per session."""

@@ -63,9 +63,9 @@ def _copy_with_mutated_config(src: Path, dst: Path, data) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, Path]:
+def tiny(module_tmp_factory) -> tuple[Path, Path]:
     """(the tiny llama's HF dir, its checkpoint dir without the weights file)."""
-    root = tmp_path_factory.mktemp("fuzz")
+    root = module_tmp_factory.mktemp("fuzz")
     hf = make_tiny_model("llama", root / "hf")
     ckpt = root / "ckpt"
     convert(hf, ckpt, dtype="float32")

@@ -55,12 +55,12 @@ def _rerun_clears_a_leftover(parent: Path, command) -> None:
 
 
 @pytest.fixture(scope="module")
-def medium_hf(tmp_path_factory) -> Path:
+def medium_hf(module_tmp_factory) -> Path:
     """A llama whose weights (~80 MB) take long enough to write that kills land mid-write too."""
     import torch
     import transformers
 
-    out = tmp_path_factory.mktemp("medium") / "hf"
+    out = module_tmp_factory.mktemp("medium") / "hf"
     config = transformers.LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
                                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)

@@ -31,9 +31,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tmp_path_factory):
+def tiny(tiny_model_dir, module_tmp_factory):
     """(HF dir, checkpoint dir, engine dir) of the tiny llama with a word tokenizer, made once through the library."""
-    root = tmp_path_factory.mktemp("hardening")
+    root = module_tmp_factory.mktemp("hardening")
     hf, ckpt = root / "hf", root / "ckpt"
     shutil.copytree(tiny_model_dir("llama"), hf)
     add_word_tokenizer(hf, 320)

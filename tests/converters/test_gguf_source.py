@@ -78,8 +78,8 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def tokenizers_pair(smollm2_source, smollm2_gguf, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tok")
+def tokenizers_pair(smollm2_source, smollm2_gguf, module_tmp_factory):
+    out = module_tmp_factory.mktemp("tok")
     written = smollm2_source.write_tokenizer(out)
     ours = AutoTokenizer.from_pretrained(out)
     ref = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)

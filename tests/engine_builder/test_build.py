@@ -174,10 +174,10 @@ def test_ort_only_op_in_tensorrt_graph_names_node_and_pass(checkpoint_dir, tmp_p
     assert isinstance(model, ir.Model)
 
 
-def test_smollm2_fp16_engine(smollm2_gguf, tmp_path_factory):
+def test_smollm2_fp16_engine(smollm2_gguf, tmp_path):
     from converters.convert import convert
 
-    base = tmp_path_factory.mktemp("smollm2")
+    base = tmp_path
     convert(smollm2_gguf, base / "ckpt")
     result = build(base / "ckpt", base / "engine", BuildConfig(
         limits=Limits(max_batch=2, max_input_len=128, max_seq_len=256), compute_capabilities=TWO_TARGETS))

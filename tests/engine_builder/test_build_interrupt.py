@@ -20,14 +20,14 @@ pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
 
 
 @pytest.fixture(scope="module")
-def slow_ckpt(tmp_path_factory):
+def slow_ckpt(module_tmp_factory):
     """A llama big enough that its TensorRT-RTX build takes seconds (6 layers, hidden 512: ~3 s here)."""
     import torch
     import transformers
 
     from converters.convert import convert
 
-    root = tmp_path_factory.mktemp("slow")
+    root = module_tmp_factory.mktemp("slow")
     config = transformers.LlamaConfig(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
                                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)

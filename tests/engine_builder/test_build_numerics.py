@@ -21,7 +21,7 @@ STEPS = 17  # the prefill's token + 16 decode steps
 
 
 @pytest.fixture(scope="module")
-def engine_dir(checkpoint_dir, tmp_path_factory):
+def engine_dir(checkpoint_dir, module_tmp_factory):
     """engine_dir(name, dtype) -> a small engine dir of that tiny model, built once.
 
     float32 builds both targets (TensorRT decomposes fp32 attention); float16 only the twin."""
@@ -29,7 +29,7 @@ def engine_dir(checkpoint_dir, tmp_path_factory):
 
     def get(name: str, dtype: str = "float32"):
         if (name, dtype) not in made:
-            out = tmp_path_factory.mktemp(f"{name}-{dtype}") / "engine"
+            out = module_tmp_factory.mktemp(f"{name}-{dtype}") / "engine"
             targets = ("tensorrt", "onnxruntime") if dtype == "float32" else ("onnxruntime",)
             build(checkpoint_dir(name), out, BuildConfig(
                 targets=targets, dtype=dtype, limits=Limits(max_batch=2, max_input_len=64, max_seq_len=128),

@@ -32,9 +32,9 @@ from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
 
 
 @pytest.fixture(scope="module")
-def gguf_ckpt(tmp_path_factory):
+def gguf_ckpt(module_tmp_factory):
     """(GGUF file, its --quant gguf checkpoint): Q4_1 everywhere but one Q4_0 and one Q4_K linear."""
-    root = tmp_path_factory.mktemp("gguf-build")
+    root = module_tmp_factory.mktemp("gguf-build")
     src = tiny_gguf(root / "tiny.gguf", {"blk.1.attn_output.weight": Q.Q4_0, "blk.0.ffn_down.weight": Q.Q4_K})
     convert(src, root / "ckpt", quant="gguf")
     return src, root / "ckpt"

@@ -42,14 +42,14 @@ def twin(ckpt, out, accuracy: str):
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
+def pairs(module_tmp_factory):
     """pairs(tied) -> a dir with a tiny Q4_1 GGUF converted three ways: float (float32: the target), blocks
     (--quant gguf) and draft (--quant gguf --lm-head int8); tied: the head is token_embd, as SmolLM2's."""
     made = {}
 
     def get(tied: bool):
         if tied not in made:
-            made[tied] = root = tmp_path_factory.mktemp("gguf-draft-tied" if tied else "gguf-draft")
+            made[tied] = root = module_tmp_factory.mktemp("gguf-draft-tied" if tied else "gguf-draft")
             src = tiny_gguf(root / "tiny.gguf", TYPES, tied=tied)
             convert(src, root / "float", dtype="float32")
             convert(src, root / "blocks", quant="gguf")

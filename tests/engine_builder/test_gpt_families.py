@@ -49,13 +49,13 @@ SPECS = {
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory):
+def family(module_tmp_factory):
     """family(name) -> (HF dir, checkpoint dir, engine dir), made once: one TensorRT-RTX build per family."""
     made: dict[str, tuple[Path, Path, Path]] = {}
 
     def get(name: str) -> tuple[Path, Path, Path]:
         if name not in made:
-            root = tmp_path_factory.mktemp(name)
+            root = module_tmp_factory.mktemp(name)
             hf = make_tiny_model(name, root / "hf")
             add_word_tokenizer(hf, FAMILY_MODELS[name][2]["vocab_size"])  # LLM wants a tokenizer
             convert(hf, root / "ckpt", dtype="float32")

@@ -30,13 +30,13 @@ ARCHS = ["llama", "qwen3", "gemma2"]  # GQA heads; q/k norms; sliding windows an
 
 
 @pytest.fixture(scope="module")
-def int8_ckpt(model_dir, checkpoint_dir, tmp_path_factory):
+def int8_ckpt(model_dir, checkpoint_dir, module_tmp_factory):
     made = {}
 
     def get(name: str):
         if name not in made:
             scales = {k: v / 127 for k, v in hf_cache_absmax(model_dir(name), prompt_of(40, seed=1)).items()}
-            made[name] = with_int8_kv_cache(checkpoint_dir(name), tmp_path_factory.mktemp(name) / "ckpt", scales), \
+            made[name] = with_int8_kv_cache(checkpoint_dir(name), module_tmp_factory.mktemp(name) / "ckpt", scales), \
                 scales
         return made[name]
 

@@ -52,9 +52,9 @@ def tiny_moe(family: str, out: Path, **extra: object) -> Path:
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def moe_engine(request, tmp_path_factory) -> tuple[str, Path, Path]:
+def moe_engine(request, module_tmp_factory) -> tuple[str, Path, Path]:
     """(family, hf dir, engine dir): one float32 build of both targets per family."""
-    base = tmp_path_factory.mktemp(request.param)
+    base = module_tmp_factory.mktemp(request.param)
     hf_dir = tiny_moe(request.param, base / "hf")
     convert(hf_dir, base / "ckpt", dtype="float32")
     build(base / "ckpt", base / "engine", BuildConfig(
@@ -160,8 +160,8 @@ def test_lower_ort_moe_is_idempotent_and_explains_itself(moe_engine):
 
 
 @pytest.fixture(scope="module")
-def qwen2_moe_hf(tmp_path_factory) -> Path:
-    return tiny_moe("qwen2_moe", tmp_path_factory.mktemp("qwen2_moe_q") / "hf")
+def qwen2_moe_hf(module_tmp_factory) -> Path:
+    return tiny_moe("qwen2_moe", module_tmp_factory.mktemp("qwen2_moe_q") / "hf")
 
 
 @pytest.mark.parametrize(("quant", "group"), [("int8_wo", None), ("int4_wo", 32)])

@@ -39,7 +39,7 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built(model_dir, checkpoint_dir, tmp_path_factory):
+def built(model_dir, checkpoint_dir, module_tmp_factory):
     """built(name, **options) -> the tiny model's graph in an onnxruntime session, made once."""
     cache: dict[tuple, Built] = {}
 
@@ -47,7 +47,7 @@ def built(model_dir, checkpoint_dir, tmp_path_factory):
         key = (name, dtype, tuple(sorted(options.items())))
         if key not in cache:
             ckpt = checkpoint_dir(name, dtype)
-            out = tmp_path_factory.mktemp(f"{name}-onnx")
+            out = module_tmp_factory.mktemp(f"{name}-onnx")
             path = write_onnx(ckpt, out, NetworkOptions(**{"max_seq_len": MAX_SEQ, **options}))
             cache[key] = Built(model_dir(name), ckpt, OrtDecoder(path))
         return cache[key]
@@ -185,12 +185,12 @@ def test_float16_graph_is_as_accurate_as_hf_float16(built, model_dir, name):
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(module_tmp_factory):
     """The real SmolLM2-135M-Instruct GGUF, converted to an fp32 checkpoint and built."""
     gguf = smollm2_gguf()
-    ckpt = tmp_path_factory.mktemp("smollm2") / "ckpt"
+    ckpt = module_tmp_factory.mktemp("smollm2") / "ckpt"
     convert(gguf, ckpt, dtype="float32")
-    return gguf, ckpt, write_onnx(ckpt, tmp_path_factory.mktemp("smollm2-onnx"), NetworkOptions(max_seq_len=128))
+    return gguf, ckpt, write_onnx(ckpt, module_tmp_factory.mktemp("smollm2-onnx"), NetworkOptions(max_seq_len=128))
 
 
 def test_smollm2_greedy_64_tokens_match_hf(smollm2):

@@ -34,9 +34,9 @@ def dims(value_info: onnx.ValueInfoProto) -> list:
 
 
 @pytest.fixture(scope="module")
-def llama_onnx(checkpoint_dir, tmp_path_factory):
+def llama_onnx(checkpoint_dir, module_tmp_factory):
     ckpt = checkpoint_dir("llama")
-    return ckpt, write_onnx(ckpt, tmp_path_factory.mktemp("llama-onnx"), NetworkOptions(max_seq_len=96))
+    return ckpt, write_onnx(ckpt, module_tmp_factory.mktemp("llama-onnx"), NetworkOptions(max_seq_len=96))
 
 
 def test_io_contract(llama_onnx, tmp_path):

@@ -33,13 +33,13 @@ EXACT_ORT_PASSES = tuple(p.replace("lower_ort_matmulnbits", "lower_ort_matmulnbi
 
 
 @pytest.fixture(scope="module")
-def quantized(checkpoint_dir, tmp_path_factory):
+def quantized(checkpoint_dir, module_tmp_factory):
     """quantized(arch, scheme, group) -> quantized checkpoint dir of that tiny model, made once."""
     made = {}
 
     def get(arch: str, scheme: str, group: int | None):
         if (arch, scheme, group) not in made:
-            out = tmp_path_factory.mktemp(f"{arch}-{scheme}") / "ckpt"
+            out = module_tmp_factory.mktemp(f"{arch}-{scheme}") / "ckpt"
             made[arch, scheme, group] = quantize_checkpoint(checkpoint_dir(arch), out, scheme, group)
         return made[arch, scheme, group]
 

@@ -35,8 +35,8 @@ def forced(model_path, prompt: list[int], tokens: list[int]) -> list[np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def int8_engines(smollm2_ckpt, tmp_path_factory):
-    root = tmp_path_factory.mktemp("smollm2-int8")
+def int8_engines(smollm2_ckpt, module_tmp_factory):
+    root = module_tmp_factory.mktemp("smollm2-int8")
     qckpt = quantize_checkpoint(smollm2_ckpt, root / "ckpt", "int8_wo")
     return {"level4": build_engine(qckpt, root / "level4"),
             "level0": build_engine(qckpt, root / "level0", ort_passes=EXACT_ORT_PASSES)}

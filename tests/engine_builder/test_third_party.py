@@ -27,13 +27,13 @@ class LogitsOnly(torch.nn.Module):
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def exported(request, tiny_model_dir, tmp_path_factory):
+def exported(request, tiny_model_dir, module_tmp_factory):
     """A tiny HF model exported by torch's dynamo exporter with eager attention."""
     hf_dir = tiny_model_dir(request.param)
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
                                                               attn_implementation="eager").eval()
     ids = torch.randint(0, 300, (1, 8))
-    path = tmp_path_factory.mktemp(f"export-{request.param}") / "model.onnx"
+    path = module_tmp_factory.mktemp(f"export-{request.param}") / "model.onnx"
     program = torch.onnx.export(LogitsOnly(model), (ids, torch.ones_like(ids)), dynamo=True,
                                 input_names=["input_ids", "attention_mask"], output_names=["logits"],
                                 dynamic_shapes=({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}), opset_version=24)

@@ -34,9 +34,9 @@ def options(**overrides: object) -> TrtBuildOptions:
 
 
 @pytest.fixture(scope="module")
-def decoder_build(tmp_path_factory) -> tuple[TrtBuildReport, list[BuildProgress]]:
+def decoder_build(module_tmp_factory) -> tuple[TrtBuildReport, list[BuildProgress]]:
     """One decoder layer, two profiles (decode / prefill), built once for the module."""
-    model = decoder_layer_model(tmp_path_factory.mktemp("decoder"))
+    model = decoder_layer_model(module_tmp_factory.mktemp("decoder"))
     events: list[BuildProgress] = []
     report = build_engine(model, model.parent / "rank0.engine", options(), progress=events.append)
     return report, events

@@ -18,6 +18,7 @@ their top two logits within 0.05 of each other, so any perturbation flips some a
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from runner_engines import build_engine
@@ -50,20 +51,17 @@ GGUF_MAX_KL = 1e-8
 
 
 @pytest.fixture(scope="module")
-def quantized(smollm2_ckpt, tmp_path_factory):
-    """(scheme, group) -> (checkpoint dir, onnxruntime engine dir), made once each."""
+def quantized(smollm2_ckpt, module_tmp_factory):
+    """(scheme, group, kv_cache) -> the quantized checkpoint dir, made once each."""
     made = {}
 
     def get(scheme: str, group: int | None = None, kv_cache: str = "none"):
         if (scheme, group, kv_cache) not in made:
-            root = tmp_path_factory.mktemp(f"smollm2-{scheme}-{group}-{kv_cache}")
-            ckpt = root / "ckpt"
+            ckpt = module_tmp_factory.mktemp(f"smollm2-{scheme}-{group}-{kv_cache}") / "ckpt"
             ckpt.mkdir()
             exclude = ("lm_head",) if scheme != "none" else ()
             quantize_checkpoint(smollm2_ckpt, ckpt, QuantOptions(scheme, group, kv_cache, exclude=exclude))
-            # fp8 needs a float16 twin: onnxruntime's float32 kernels refuse FP8 Q/DQ
-            dtype = "float16" if scheme == "fp8" else "float32"
-            made[scheme, group, kv_cache] = ckpt, build_engine(ckpt, root / "engine", dtype=dtype)
+            made[scheme, group, kv_cache] = ckpt
         return made[scheme, group, kv_cache]
 
     return get
@@ -71,13 +69,19 @@ def quantized(smollm2_ckpt, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fidelity(quantized, smollm2_engine):
+    """(scheme, group, kv_cache) -> its EvalResult against the fp32 engine, each engine built, scored and deleted
+    (seven engines of 0.4-2 GB kept side by side were most of the suite's disk peak)."""
     scores = {}
 
     def get(scheme: str, group: int | None = None, kv_cache: str = "none"):
         key = scheme, group, kv_cache
         if key not in scores:
-            scores[key] = evaluate(quantized(*key)[1], reference=smollm2_engine, max_tokens=EVAL_TOKENS,
-                                   context=CONTEXT, backend="onnxruntime")
+            ckpt = quantized(*key)
+            # fp8 needs a float16 twin: onnxruntime's float32 kernels refuse FP8 Q/DQ
+            engine = build_engine(ckpt, ckpt.parent / "engine", dtype="float16" if scheme == "fp8" else "float32")
+            scores[key] = evaluate(engine, reference=smollm2_engine, max_tokens=EVAL_TOKENS, context=CONTEXT,
+                                   backend="onnxruntime")
+            shutil.rmtree(engine)
         return scores[key]
 
     return get
@@ -124,9 +128,9 @@ def test_activation_quantized_schemes_stay_within_their_bounds(fidelity, scheme,
 
 
 @pytest.fixture(scope="module")
-def gguf_engine(smollm2_gguf, tmp_path_factory):
+def gguf_engine(smollm2_gguf, module_tmp_factory):
     """`convert --quant gguf` of the bundled GGUF, built as the default onnxruntime float32 twin."""
-    root = tmp_path_factory.mktemp("smollm2-gguf")
+    root = module_tmp_factory.mktemp("smollm2-gguf")
     convert(smollm2_gguf, root / "ckpt", quant="gguf")
     return build_engine(root / "ckpt", root / "engine")
 
@@ -173,7 +177,7 @@ def test_gguf_blocks_answer_the_chat_question(gguf_engine):
 
 
 def test_int4_awq_builds_a_tensorrt_engine(quantized, tmp_path):
-    ckpt, _ = quantized("int4_awq", 64)
+    ckpt = quantized("int4_awq", 64)
     out = tmp_path / "trt"
     result = build(ckpt, out, BuildConfig(targets=("tensorrt",), dtype="float16", compute_capabilities=("sm86",),
                                           limits=Limits(max_batch=1, max_input_len=64, max_seq_len=128)))

@@ -26,8 +26,8 @@ TOKENS, CONTEXT = 512, 64
 
 
 @pytest.fixture(scope="module")
-def smollm2_fp16_engine(smollm2_ckpt, tmp_path_factory):
-    return build_engine(smollm2_ckpt, tmp_path_factory.mktemp("smollm2-fp16") / "engine",
+def smollm2_fp16_engine(smollm2_ckpt, module_tmp_factory):
+    return build_engine(smollm2_ckpt, module_tmp_factory.mktemp("smollm2-fp16") / "engine",
                         Limits(max_batch=8, max_input_len=CONTEXT, max_seq_len=CONTEXT), dtype="float16")
 
 

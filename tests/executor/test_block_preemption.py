@@ -26,8 +26,8 @@ POOL_BLOCK = 8  # the paged engine's block: not the scheduler's 16, so the pool 
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_serve_engine, tmp_path_factory):
-    root, ckpt = tmp_path_factory.mktemp("kv-growth"), tiny_serve_engine.parent / "ckpt"
+def engines(tiny_serve_engine, module_tmp_factory):
+    root, ckpt = module_tmp_factory.mktemp("kv-growth"), tiny_serve_engine.parent / "ckpt"
     slots = build_engine(ckpt, root / "slots", LIMITS)
     return slots, build_paged_engine(ckpt, root / "paged", LIMITS, POOL_BLOCK)
 

@@ -31,13 +31,13 @@ SCHEMES = [("int8_wo", None), ("int8_wo", 16), ("int4_wo", 32), ("awq", 16)]
 
 
 @pytest.fixture(scope="module")
-def float_ckpt(tiny_model_dir, tmp_path_factory):
+def float_ckpt(tiny_model_dir, module_tmp_factory):
     """ckpt(dtype) -> the tiny llama converted to that dtype, once."""
     made = {}
 
     def get(dtype: str) -> Path:
         if dtype not in made:
-            made[dtype] = tmp_path_factory.mktemp(f"llama-{dtype}") / "ckpt"
+            made[dtype] = module_tmp_factory.mktemp(f"llama-{dtype}") / "ckpt"
             convert(tiny_model_dir("llama"), made[dtype], dtype=dtype)
         return made[dtype]
 

@@ -25,9 +25,9 @@ CHATS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dirs(smollm2_ckpt, tmp_path_factory):
+def tokenizer_dirs(smollm2_ckpt, module_tmp_factory):
     """name -> (dir, texts): SmolLM2's checkpoint dir as convert wrote it, a tiny word-level tokenizer dir."""
-    tiny = tmp_path_factory.mktemp("word-tokenizer")
+    tiny = module_tmp_factory.mktemp("word-tokenizer")
     add_word_tokenizer(tiny, 64)
     (tiny / "chat_template.jinja").write_text(TINY_TEMPLATE)
     smol_texts = [*MULTILINGUAL.values(), "<|im_start|>user\nHi<|im_end|>", " leading", "trailing ", "", "\n\n"]

@@ -23,8 +23,8 @@ BLOCK = 16  # the paged engine's block, = the scheduler's
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_serve_engine, tmp_path_factory):
-    root, ckpt = tmp_path_factory.mktemp("generate-admission"), tiny_serve_engine.parent / "ckpt"
+def engines(tiny_serve_engine, module_tmp_factory):
+    root, ckpt = module_tmp_factory.mktemp("generate-admission"), tiny_serve_engine.parent / "ckpt"
     slots = build_engine(ckpt, root / "slots", WIDE)
     return slots, build_paged_engine(ckpt, root / "paged", WIDE, BLOCK)
 

@@ -17,10 +17,10 @@ from engine_builder.util.errors import InputError
 
 
 @pytest.fixture(scope="module")
-def paged(tiny_serve_engine, tmp_path_factory):
+def paged(tiny_serve_engine, module_tmp_factory):
     """tiny_serve_engine's model built paged, and its (bytes per block, blocks one full sequence needs)."""
     lim = LLM(tiny_serve_engine).engine.limits
-    engine = build_paged_engine(tiny_serve_engine.parent / "ckpt", tmp_path_factory.mktemp("kvmem") / "engine",
+    engine = build_paged_engine(tiny_serve_engine.parent / "ckpt", module_tmp_factory.mktemp("kvmem") / "engine",
                                 Limits(lim.max_batch, lim.max_input_len, lim.max_seq_len), 8)
     with LLM(engine, kv_cache_memory=64 << 10) as llm:  # 16 blocks: more than one sequence, under the cap
         layout = llm.backend.layout

@@ -104,8 +104,8 @@ def test_tensorrt_backend_is_refused_with_the_reason(minilm):
 
 
 @pytest.fixture(scope="module")
-def decoder_engine(tiny_model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-decoder")
+def decoder_engine(tiny_model_dir, module_tmp_factory):
+    root = module_tmp_factory.mktemp("tiny-decoder")
     shutil.copytree(tiny_model_dir("llama"), root / "hf")
     add_word_tokenizer(root / "hf", 320)
     convert(root / "hf", root / "ckpt", dtype="float32")

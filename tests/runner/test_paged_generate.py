@@ -19,9 +19,9 @@ BLOCK = 4
 
 
 @pytest.fixture(scope="module")
-def paged_engine(tiny_serve_engine, tmp_path_factory):
+def paged_engine(tiny_serve_engine, module_tmp_factory):
     """tiny_serve_engine's model, tokenizer and limits, built paged (its checkpoint sits next to it)."""
-    out = tmp_path_factory.mktemp("paged") / "engine"
+    out = module_tmp_factory.mktemp("paged") / "engine"
     ckpt = tiny_serve_engine.parent / "ckpt"
     lim = LLM(tiny_serve_engine).engine.limits
     return build_paged_engine(ckpt, out, Limits(lim.max_batch, lim.max_input_len, lim.max_seq_len), BLOCK)

@@ -34,12 +34,12 @@ LIMITS = Limits(max_batch=4, max_input_len=32, max_seq_len=64)
 
 
 @pytest.fixture(scope="module")
-def trt_engine_dir(tiny_engine, tmp_path_factory):
+def trt_engine_dir(tiny_engine, module_tmp_factory):
     """A tiny llama engine dir with a real TensorRT-RTX engine (fp16, sm86) and its ONNX twin."""
     from engine_builder.build.pipeline import build
 
     _, hf = tiny_engine("llama")
-    out = tmp_path_factory.mktemp("trt") / "engine"
+    out = module_tmp_factory.mktemp("trt") / "engine"
     ckpt = hf.parent / "ckpt"
     build(ckpt, out, BuildConfig(targets=("tensorrt", "onnxruntime"), dtype="float16", limits=LIMITS,
                                  compute_capabilities=("sm86",)))

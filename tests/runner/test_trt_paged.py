@@ -38,8 +38,8 @@ BLOCK = 8
 
 
 @pytest.fixture(scope="module")
-def paged_trt_dir(tiny_serve_engine, tmp_path_factory):
-    out = tmp_path_factory.mktemp("trt-paged") / "engine"
+def paged_trt_dir(tiny_serve_engine, module_tmp_factory):
+    out = module_tmp_factory.mktemp("trt-paged") / "engine"
     build(tiny_serve_engine.parent / "ckpt", out, BuildConfig(
         dtype="float16", twin_dtype="float32", limits=LIMITS, kv_layout="paged", kv_block_size=BLOCK,
         compute_capabilities=("sm86",)))

@@ -19,8 +19,8 @@ MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_serve_engine, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("triton") / "repo"
+def repository(tiny_serve_engine, module_tmp_factory):
+    repo = module_tmp_factory.mktemp("triton") / "repo"
     # the stub's numpy 1.x env (stub_env.py); on a Triton install of its own, leave --python-env out
     r = trtbuild("export-triton", tiny_serve_engine, repo, "--model-name", "tiny",
                  "--python-env", stub_env.require(), timeout=120)

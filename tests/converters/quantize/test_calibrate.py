@@ -29,13 +29,13 @@ WORDS = 1000  # one token each
 
 
 @pytest.fixture(scope="module")
-def tiny_calibration(tiny_model_dir, tmp_path_factory):
+def tiny_calibration(tiny_model_dir, module_tmp_factory):
     """tiny_calibration(arch, dtype) -> (HF dir with a word tokenizer, its checkpoint, a text of random words)."""
     made: dict[tuple[str, str], tuple[Path, Path, Path]] = {}
 
     def get(arch: str, dtype: str = "float32") -> tuple[Path, Path, Path]:
         if (arch, dtype) not in made:
-            root = tmp_path_factory.mktemp(f"calib-{arch}-{dtype}")
+            root = module_tmp_factory.mktemp(f"calib-{arch}-{dtype}")
             hf = root / "hf"
             shutil.copytree(tiny_model_dir(arch), hf)
             add_word_tokenizer(hf, VOCAB)

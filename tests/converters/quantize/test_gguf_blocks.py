@@ -41,11 +41,11 @@ def test_decoded_blocks_are_the_dequantized_weights(qtype):
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
+def mixed(module_tmp_factory):
     """A Q4_1 tiny llama with a Q4_0 o_proj and a Q4_K down_proj in layer 0 and a Q8_0 ffn_up in layer 1,
     converted twice:
     with --quant gguf and without (dequantized float32)."""
-    root = tmp_path_factory.mktemp("gguf-blocks")
+    root = module_tmp_factory.mktemp("gguf-blocks")
     src = tiny_gguf(root / "tiny.gguf", {"blk.0.attn_output.weight": Q.Q4_0, "blk.1.ffn_up.weight": Q.Q8_0,
                                          "blk.0.ffn_down.weight": Q.Q4_K})
     convert(src, root / "blocks", quant="gguf")

@@ -27,22 +27,22 @@ VOCAB, SAMPLES, SEQ_LEN = 320, 4, 32
 
 
 @pytest.fixture(scope="module")
-def words(tmp_path_factory) -> Path:
+def words(module_tmp_factory) -> Path:
     """A text of random words; 30..99 only: the tokenizer's special "w0" / "w1" / "w2" would also match inside
     "w17", "w203"."""
-    text = tmp_path_factory.mktemp("kv-text") / "words.txt"
+    text = module_tmp_factory.mktemp("kv-text") / "words.txt"
     text.write_text(" ".join(f"w{i}" for i in np.random.default_rng(0).integers(30, 100, 400)))
     return text
 
 
 @pytest.fixture(scope="module")
-def kv_source(tiny_model_dir, tmp_path_factory, words):
+def kv_source(tiny_model_dir, module_tmp_factory, words):
     """kv_source(arch) -> (HF dir with a word tokenizer, its `--kv-cache int8` checkpoint, the ConvertResult)."""
     made: dict[str, tuple] = {}
 
     def get(arch: str) -> tuple:
         if arch not in made:
-            root = tmp_path_factory.mktemp(f"kv-{arch}")
+            root = module_tmp_factory.mktemp(f"kv-{arch}")
             hf = root / "hf"
             shutil.copytree(tiny_model_dir(arch), hf)
             add_word_tokenizer(hf, VOCAB)

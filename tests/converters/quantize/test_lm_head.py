@@ -36,9 +36,9 @@ def _lm_head(ckpt: Path) -> tuple[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def int4_ckpts(tiny_model_dir, tmp_path_factory):
+def int4_ckpts(tiny_model_dir, module_tmp_factory):
     """llama_tied converted --quant int4_wo --group-size 32 with each --lm-head choice (None: the default)."""
-    root = tmp_path_factory.mktemp("lm-head")
+    root = module_tmp_factory.mktemp("lm-head")
     made = {}
     for choice in (None, "same", "float"):
         out = root / f"ckpt-{choice}"

@@ -151,8 +151,8 @@ def test_ingest_dequantizes_exactly(method, quant_config, symmetric, zero_minus_
 
 
 @pytest.fixture(scope="module")
-def gptq_source(tiny_model_dir, tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("gptq") / "src"
+def gptq_source(tiny_model_dir, module_tmp_factory) -> Path:
+    src = module_tmp_factory.mktemp("gptq") / "src"
     write_prequantized(tiny_model_dir("llama"), src, "gptq", GPTQ_CONFIG)
     return src
 

@@ -20,9 +20,9 @@ VOCAB, SAMPLES, SEQ_LEN, GROUP = 320, 4, 32, 32
 
 
 @pytest.fixture(scope="module")
-def calibrated(tiny_model_dir, tmp_path_factory):
+def calibrated(tiny_model_dir, module_tmp_factory):
     """HF dir with a word tokenizer, a text of random words, and the checkpoint of every scheme."""
-    root = tmp_path_factory.mktemp("calibrated")
+    root = module_tmp_factory.mktemp("calibrated")
     hf = root / "hf"
     shutil.copytree(tiny_model_dir("llama"), hf)
     add_word_tokenizer(hf, VOCAB)

@@ -107,13 +107,13 @@ class Family:
 
 
 @pytest.fixture(scope="module")
-def families(tmp_path_factory):
+def families(module_tmp_factory):
     """families(name) -> that family made, converted and loaded, once per module."""
     made: dict[str, Family] = {}
 
     def get(name: str) -> Family:
         if name not in made:
-            base = tmp_path_factory.mktemp(name)
+            base = module_tmp_factory.mktemp(name)
             hf_dir = make_model(name, base / "hf")
             convert(hf_dir, base / "ckpt")
             made[name] = Family(name, hf_dir, base / "ckpt",
@@ -309,8 +309,8 @@ def _cos_sin(dim: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("llama_q")
+def llama(module_tmp_factory) -> tuple[Path, Path]:
+    base = module_tmp_factory.mktemp("llama_q")
     hf_dir = make_model("llama", base / "hf")
     convert(hf_dir, base / "ckpt")
     return hf_dir, base / "ckpt"
