@@ -1,0 +1,148 @@
+"""The vision graph of a vision-language model (LLaVA): the CLIP tower and the multi-modal projector.
+
+What it computes and its I/O: formats/vision_spec.py. Its own graph beside the decoder's, so images are encoded
+once per request (and their features cached by content) while the decoder steps tokens; images per call is the
+one dynamic axis, the image size is the tower's. Attention is plain MatMul -> Softmax -> MatMul over every patch
+(no mask, no KV cache), as network/encoder.py emits BERT's; softmax runs in float32 whatever the activation dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from engine_builder.formats import graph_io
+from engine_builder.formats import vision_spec as io
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.vision_spec import VisionSpec
+from engine_builder.network.builder import FLOAT, GraphBuilder
+from engine_builder.network.decoder import DTYPES, IR_VERSION, OPSET
+from engine_builder.network.encoder import META_GRAPH
+from engine_builder.network.export import save_graph
+from engine_builder.network.linear import linear
+from engine_builder.network.norms import layer_norm
+from engine_builder.network.options import NetworkOptions
+from engine_builder.network.weights import CheckpointWeights, link_weights
+from engine_builder.util.errors import InputError
+from engine_builder.util.version import __version__
+
+VISION_FILE = "vision.onnx"  # beside model.onnx, its weights in the same rank0.safetensors
+QUICK_GELU = 1.702  # CLIP's quick_gelu: x * sigmoid(1.702 x)
+
+
+def build_vision_encoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) -> ir.Model:
+    """The vision graph of checkpoint dir CKPT_DIR (tower + projector); weights reference ckpt_dir/rank0.safetensors.
+
+    Of OPTIONS only the dtype applies: the graph has no KV cache and no logits."""
+    options.validate()
+    ckpt_dir = Path(ckpt_dir)
+    ckpt = CheckpointConfig.load(ckpt_dir)
+    cfg = ckpt.model
+    cfg.validate()
+    if cfg.vision is None:
+        raise InputError(f"{ckpt_dir} holds a text-only model ({cfg.architecture}); it has no vision tower")
+    spec = cfg.vision
+    dtype = DTYPES[ckpt.dtype if options.dtype == "auto" else options.dtype]
+    b = GraphBuilder(dtype)
+    w = CheckpointWeights(ckpt_dir, cfg, b, ckpt.quantization)
+
+    size = spec.image_size
+    pixel_values = ir.Value(name=io.PIXEL_VALUES, type=ir.TensorType(FLOAT),
+                            shape=ir.Shape([io.IMAGES, spec.num_channels, size, size]))
+    with b.scope("vision.embed"):
+        x = _embeddings(b, w, pixel_values if dtype == FLOAT else b.cast(pixel_values, dtype), spec)
+    # hidden_states[0]: the pre-normed embeddings; [i + 1]: layer i's output (transformers' numbering)
+    hidden_states = [layer_norm(b, x, w["vision.pre_norm.weight"], w["vision.pre_norm.bias"], spec.layer_norm_eps,
+                                name="vision.pre_norm")]
+    for i in range(spec.layers_computed()):
+        with b.scope(f"vision.layers.{i}"):
+            hidden_states.append(_layer(b, w, hidden_states[-1], spec, i))
+    with b.scope("vision.select"):
+        selected = [hidden_states[i] for i in spec.hidden_state_indices()]
+        if spec.feature_select_strategy == "default":  # crop the class token
+            selected = [b.op("Slice", s, b.ints([1]), b.ints([spec.num_patches + 1]), b.ints([1])) for s in selected]
+        features = selected[0] if len(selected) == 1 else b.op("Concat", *selected, axis=-1)
+    with b.scope("vision.projector"):
+        bias = spec.projector_bias
+        h = linear(b, w, features, "vision.projector.fc1", w["vision.projector.fc1.bias"] if bias else None)
+        h = _ACTIVATIONS[spec.projector_activation](b, h)
+        h = linear(b, w, h, "vision.projector.fc2", w["vision.projector.fc2.bias"] if bias else None)
+    out = h if dtype == FLOAT else b.cast(h, FLOAT)
+    out.name = io.IMAGE_FEATURES
+    out.dtype, out.shape = FLOAT, ir.Shape([io.IMAGES, spec.tokens_per_image, cfg.hidden_size])
+
+    graph = ir.Graph(inputs=[pixel_values], outputs=[out], nodes=b.tape.nodes, initializers=b.initializers,
+                     opset_imports={"": OPSET}, name=f"{cfg.architecture}_vision")
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="trtbuild", producer_version=__version__)
+    model.metadata_props.update({graph_io.META_ARCHITECTURE: cfg.architecture, META_GRAPH: "vision",
+                                 graph_io.META_DTYPE: dtype.name.lower()})
+    ShapeInferencePass()(model)
+    return model
+
+
+def write_vision_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = NetworkOptions()) -> Path:
+    """Build the vision graph of CKPT_DIR into OUT_DIR/vision.onnx beside (a link of) rank0.safetensors; returns
+    its path. Written beside and renamed, as network/export.py writes model.onnx."""
+    model = build_vision_encoder(ckpt_dir, options)  # fails on bad input before anything is written
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    link_weights(ckpt_dir, out_dir)
+    path = out_dir / VISION_FILE
+    tmp = out_dir / f".{VISION_FILE}.tmp-{os.getpid()}"
+    try:
+        save_graph(model, tmp, data_name=f"{VISION_FILE}.data")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _embeddings(b: GraphBuilder, w: CheckpointWeights, pixels: ir.Value, spec: VisionSpec) -> ir.Value:
+    """pixels [images, channels, size, size] -> [class; patches] + positions, [images, 1 + patches, hidden]."""
+    h, p = spec.hidden_size, spec.patch_size
+    patches = b.op("Conv", pixels, w["vision.embed.patch.weight"], kernel_shape=[p, p], strides=[p, p])
+    patches = b.op("Reshape", patches, b.ints([0, h, spec.num_patches]))  # [images, hidden, patches]
+    patches = b.op("Transpose", patches, perm=[0, 2, 1])  # [images, patches, hidden], row-major over the grid
+    images = b.op("Shape", pixels, start=0, end=1)
+    cls = b.op("Reshape", w["vision.embed.class"], b.ints([1, 1, h]))
+    cls = b.op("Expand", cls, b.op("Concat", images, b.ints([1, h]), axis=0))  # [images, 1, hidden]
+    x = b.op("Concat", cls, patches, axis=1)
+    return b.op("Add", x, w["vision.embed.position.weight"])  # positions [1 + patches, hidden], broadcast
+
+
+def _layer(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, spec: VisionSpec, i: int) -> ir.Value:
+    """A pre-norm CLIP encoder layer: x [images, tokens, hidden] -> the same shape."""
+    p, h, heads, head_dim, eps = f"vision.layers.{i}.", spec.hidden_size, spec.num_heads, spec.head_dim, \
+        spec.layer_norm_eps
+    with b.scope("attn"):
+        a = layer_norm(b, x, w[p + "attn_norm.weight"], w[p + "attn_norm.bias"], eps, name="attn_norm")
+        qkv = linear(b, w, a, p + "attn.qkv", w[p + "attn.qkv.bias"])  # [images, tokens, 3 hidden]
+        q, k, v = b.op_multi("Split", qkv, b.ints([h] * 3), axis=-1, num_outputs=3)
+        q, k, v = (b.op("Transpose", b.op("Reshape", t, b.ints([0, 0, heads, head_dim])), perm=[0, 2, 1, 3])
+                   for t in (q, k, v))  # [images, heads, tokens, head_dim]
+        scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))  # [images, heads, tokens, tokens]
+        scores = b.op("Mul", scores, b.const(head_dim ** -0.5))
+        probs = b.op("Softmax", scores if b.dtype == FLOAT else b.cast(scores, FLOAT), axis=-1)
+        a = b.op("MatMul", probs if b.dtype == FLOAT else b.cast(probs, b.dtype), v)  # [images, heads, tokens, hd]
+        a = b.op("Reshape", b.op("Transpose", a, perm=[0, 2, 1, 3]), b.ints([0, 0, h]))
+        a = linear(b, w, a, p + "attn.o", w[p + "attn.o.bias"])
+    x = b.op("Add", x, a, name="attn_residual")
+    with b.scope("mlp"):
+        m = layer_norm(b, x, w[p + "mlp_norm.weight"], w[p + "mlp_norm.bias"], eps, name="mlp_norm")
+        m = linear(b, w, m, p + "mlp.up", w[p + "mlp.up.bias"])  # [images, tokens, inter]
+        m = _ACTIVATIONS[spec.activation](b, m)
+        m = linear(b, w, m, p + "mlp.down", w[p + "mlp.down.bias"])
+    return b.op("Add", x, m, name="mlp_residual")
+
+
+# VisionActivation -> its ops (transformers' ACT2FN of the same name)
+_ACTIVATIONS = {
+    "quick_gelu": lambda b, x: b.op("Mul", x, b.op("Sigmoid", b.op("Mul", x, b.const(QUICK_GELU)))),
+    "gelu": lambda b, x: b.op("Gelu", x),  # erf form
+    "gelu_tanh": lambda b, x: b.op("Gelu", x, approximate="tanh"),
+    "relu": lambda b, x: b.op("Relu", x),
+    "silu": lambda b, x: b.op("Mul", x, b.op("Sigmoid", x)),
+}

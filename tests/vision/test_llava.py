@@ -1,0 +1,81 @@
+"""LLaVA: a tiny random LlavaForConditionalGeneration (CLIP tower, 2 layers; tiny llama text model) made in code,
+converted; the vision graph's features against transformers' get_image_features, and the converted + built text
+decoder's greedy tokens against transformers' generate on a text-only prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from tiny_llava import IMAGE_TOKEN, tiny_llava
+from tiny_models import COMMON
+
+from converters.convert import convert
+from engine_builder import LLM, SamplingParams
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CheckpointConfig
+from engine_builder.formats.manifest import EngineManifest
+from engine_builder.network.vision_encoder import write_vision_onnx
+
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("llava")
+    hf_dir = tiny_llava(root / "hf")
+    convert(hf_dir, root / "ckpt", dtype="float32")
+    return hf_dir, root / "ckpt"
+
+
+def _hf(hf_dir: Path) -> transformers.LlavaForConditionalGeneration:
+    return transformers.LlavaForConditionalGeneration.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("feature_layer, strategy", [(-2, "default"), ([-3, -1], "full")])
+def test_vision_features_match_transformers(llava, tmp_path, feature_layer, strategy):
+    """The vision graph on onnxruntime vs get_image_features: the default (-2, class token cropped), and two
+    hidden states concatenated (the embeddings and the last layer's) with the class token kept."""
+    if (feature_layer, strategy) == (-2, "default"):
+        hf_dir, ckpt = llava
+    else:
+        hf_dir = tiny_llava(tmp_path / "hf", feature_layer, strategy)
+        ckpt = tmp_path / "ckpt"
+        convert(hf_dir, ckpt, dtype="float32")
+    path = write_vision_onnx(ckpt, tmp_path / "vision")
+    pixels = np.random.default_rng(3).standard_normal((3, 3, 32, 32)).astype(np.float32)  # 3 images
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": pixels})[0]
+    with torch.no_grad():
+        want = torch.stack(list(_hf(hf_dir).get_image_features(torch.from_numpy(pixels)).pooler_output)).numpy()
+    tokens = 16 + (strategy == "full")
+    assert got.shape == want.shape == (3, tokens, COMMON["hidden_size"])
+    assert np.abs(want).max() > 0.5  # features of a real size, where a wrong layer or layout shows
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def test_text_only_greedy_generation_matches_transformers(llava, tmp_path):
+    hf_dir, ckpt = llava
+    engine = tmp_path / "engine"
+    build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                    limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
+    assert EngineManifest.load(engine).model.vision == CheckpointConfig.load(ckpt).model.vision
+    prompt = np.random.default_rng(7).integers(3, IMAGE_TOKEN, 20).tolist()  # no image token
+    hf = _hf(hf_dir)
+    hf.generation_config.eos_token_id = None  # random weights may emit EOS; compare every step
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=STEPS, pad_token_id=0,
+                           output_logits=True, return_dict_in_generate=True)
+    want_tokens = want.sequences[0, len(prompt):].tolist()
+    want_logprobs = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(want.logits, want_tokens, strict=True)]
+    with LLM(engine, backend="onnxruntime") as llm:
+        got = llm.generate(prompt_token_ids=[prompt], params=SamplingParams(
+            temperature=0, max_new_tokens=STEPS, ignore_eos=True, logprobs=0))[0]
+    assert list(got.token_ids) == want_tokens
+    assert len(set(want_tokens)) > STEPS // 2  # a varied continuation, not one token repeated
+    np.testing.assert_allclose([lp.logprob for lp in got.logprobs], want_logprobs, rtol=0, atol=1e-4)
