@@ -70,8 +70,8 @@ def supported(generator: Generator) -> bool:
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
     """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such requests
-    are batched: the first token is sampled right after the call."""
-    return r.prompt_logprobs is None and tokens >= generator.prefill_remaining(r) > 0
+    are batched: the first token is sampled right after the call (a beam search's first step runs alone)."""
+    return r.prompt_logprobs is None and r.beams is None and tokens >= generator.prefill_remaining(r) > 0
 
 
 def start(generator: Generator, r: RequestState) -> int:

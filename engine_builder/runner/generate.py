@@ -14,7 +14,9 @@ out by runner/scheduling/engine_step.py; two drivers repeat that step: LLM.gener
 engine_builder/executor (a thread serving requests that arrive at any time, chunked prefill under a token
 budget). So a request gets the same engine calls, and the same tokens, whichever drives it. Whoever drives them
 claims the Generator first (`claim`): one driver at a time, since the KV cache and the per-slot next tokens are
-shared state. Beam search requests (num_beams > 1) run after the others, one at a time (beam_search.py).
+shared state. A beam search request (num_beams > 1) holds a slot per beam and runs in the same steps as the
+sampled ones: prefilled once, its beams decode in the step's one batched call, and BeamSearch (beam_search.py)
+picks their tokens where the sampler picks the others'.
 
 The loop yields Events (text deltas per request) after each step; time the consumer spends on them (printing, a
 network write) is not counted in the timings. Per-step Python overhead (everything in a decode step but the
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine_builder.runner.backend import Backend
-from engine_builder.runner.beam_search import run_beam_search
+from engine_builder.runner.beam_search import BeamSearch
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
 from engine_builder.runner.grammar import GrammarCompiler
@@ -134,8 +136,7 @@ class Generator:
                              "(LLM sets runner/scheduling/block_admission.BlockAdmission)")
         for ids, p in zip(prompts, params):
             self.check(ids, p)
-            if p.num_beams == 1:
-                self.admission.check(self, ids, p)
+            self.admission.check(self, ids, p)
         requests = [self.new_request(i, ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
         return requests, self._loop(requests)
 
@@ -144,12 +145,7 @@ class Generator:
         clock = StepClock(self.backend)
         try:
             # lower priority values first (SamplingParams.priority); a stable sort keeps the order within a level
-            sampled = sorted((r for r in requests if r.params.num_beams == 1), key=lambda r: r.params.priority)
-            if sampled:
-                yield from self.admission.run(self, sampled, clock)
-            for r in requests:
-                if r.params.num_beams > 1:
-                    yield from run_beam_search(self.backend, self.eos_token_ids, r, clock)
+            yield from self.admission.run(self, sorted(requests, key=lambda r: r.params.priority), clock)
         finally:
             for r in requests:  # on an error or an abandoned stream: give every slot back
                 if r.slot is not None:
@@ -161,8 +157,25 @@ class Generator:
 
     def admit(self, r: RequestState, initial_tokens: int | None = None) -> None:
         """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot); a paged cache takes blocks
-        for all of them, or for initial_tokens only (the executor grows the rest as decoding proceeds)."""
-        r.slot = self.backend.kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens, initial_tokens)
+        for all of them, or for initial_tokens only (the executor grows the rest as decoding proceeds). A beam
+        search takes a slot per beam, each whole (forking a beam re-reserves its fork's whole length), and
+        starts its search afresh (a preempted one is recomputed from its prompt)."""
+        kv, beams = self.backend.kv, r.params.num_beams
+        if beams == 1:
+            r.slot = kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens, initial_tokens)
+            return
+        slots: list[int] = []
+        try:
+            for b in range(beams):
+                slots.append(kv.allocate(r.index if b == 0 else (r.index, "beam", b), len(r.prompt_ids),
+                                         r.params.max_new_tokens))
+        except BaseException:
+            for s in slots:
+                self.backend.release(s)
+            raise
+        r.slot, r.beam_slots = slots[0], tuple(slots)
+        r.beams = BeamSearch(r.params, self.eos_token_ids, self.backend.vocab_size)
+        r.token_ids = []
 
     def prefill_remaining(self, r: RequestState) -> int:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
@@ -200,7 +213,10 @@ class Generator:
             kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
             self.prefix_cache.store(r.prompt_ids, r.slot)
-        if end == len(context):  # earlier chunks' logits predict prompt tokens we already have
+        if end == len(context) and r.beams is not None:  # every beam starts from the prompt's KV and logits
+            self.backend.copy_slots([r.slot] * (len(r.beam_slots) - 1), r.beam_slots[1:])
+            self._beam_step(r, np.repeat(self.backend.to_host(logits), len(r.beam_slots), axis=0), events)
+        elif end == len(context):  # earlier chunks' logits predict prompt tokens we already have
             sample = self.sampler(logits, [r.sampling])
             self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
 
@@ -230,7 +246,8 @@ class Generator:
         if self.backend.reprefill_after is None:
             return
         for slot, r in list(active.items()):
-            if kv.length(slot) == self.backend.reprefill_after:
+            # a beam search keeps the short factors throughout (its beams would each need the recompute)
+            if r.beams is None and kv.length(slot) == self.backend.reprefill_after:
                 kv.rewind(slot, 0)
                 self.prefill(r, events)
                 if r.slot is None:
@@ -250,17 +267,28 @@ class Generator:
                 active[s].sampling.grammar.prefetch()
         at = np.asarray(slots, np.int64)
         logits = self.backend.forward(ModelInput.decode(at, self._next_ids[at, 0], self.backend.kv.lengths[at]))
-        requests = [active[s] for s in slots]
-        sample = self.sampler(logits, [r.sampling for r in requests])
-        for r, token, lp in zip(requests, sample.token_ids, sample.logprobs):
-            self.backend.kv.advance(r.slot, 1)
-            slot = r.slot
-            self._accept(r, int(token), lp, events)
-            if r.slot is None:
-                del active[slot]
+        rows = [active[s] for s in slots]
+        sampled = [i for i, r in enumerate(rows) if r.beams is None]
+        if sampled:
+            requests = [rows[i] for i in sampled]
+            sample = self.sampler(logits if len(sampled) == len(rows) else logits[sampled],
+                                  [r.sampling for r in requests])
+            for r, token, lp in zip(requests, sample.token_ids, sample.logprobs):
+                self.backend.kv.advance(r.slot, 1)
+                self._accept(r, int(token), lp, events)
+        if len(sampled) < len(rows):
+            host = self.backend.to_host(logits)  # [rows, vocab]
+            row_of = {s: i for i, s in enumerate(slots)}
+            for r in {r.index: r for r in rows if r.beams is not None}.values():
+                for s in r.beam_slots:
+                    self.backend.kv.advance(s, 1)
+                self._beam_step(r, host[[row_of[s] for s in r.beam_slots]], events)
+        for s in slots:
+            if active[s].slot is None:
+                del active[s]
         if clock is not None:
             clock.decode_step(time.perf_counter() - started, self.backend.execute_seconds - execute_before,
-                              len(requests))
+                              len(sampled) + len({r.index for r in rows if r.beams is not None}))
 
     def _accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
         r.token_ids.append(token)
@@ -277,9 +305,24 @@ class Generator:
             self._next_ids[r.slot, 0] = token
         events.append(Event(r.index, out.text, out.finished, token, logprobs))
 
+    def _beam_step(self, r: RequestState, logits: np.ndarray, events: list[Event]) -> None:
+        """Advance r's beam search by the beams' logits [beams, vocab]: each beam's cache follows its parent and
+        feeds its token next step; when the search ends, the best hypothesis is r's answer and its slots go back."""
+        step = r.beams.step(logits)
+        if step.done:
+            events.append(r.beams.finish(r))
+            self.release(r)
+            return
+        slots = r.beam_slots
+        if not np.array_equal(step.parents, np.arange(len(slots))):
+            self.backend.copy_slots([slots[p] for p in step.parents], slots)
+        self._next_ids[list(slots), 0] = step.tokens
+        r.token_ids = r.beams.leading
+
     def release(self, r: RequestState) -> None:
-        """Give r's slot back (finished, cancelled or failed): its cache rows return to zeros."""
-        self._next_ids[r.slot, 0] = 0  # an idle row feeds token 0 at length 0
-        self.backend.release(r.slot)
-        r.slot = None
+        """Give r's slots back (finished, cancelled or failed): their cache rows return to zeros."""
+        for slot in r.slots:
+            self._next_ids[slot, 0] = 0  # an idle row feeds token 0 at length 0
+            self.backend.release(slot)
+        r.slot, r.beam_slots = None, ()
         r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again

@@ -4,11 +4,15 @@ yields, and the clock that sums a run's prefill / decode / engine time."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.sampler import SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import FinishReason, StopChecker
+
+if TYPE_CHECKING:  # beam_search.py builds on this module
+    from engine_builder.runner.beam_search import BeamSearch
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,19 @@ class RequestState:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     # the prompt's cached prefix was looked up for this slot (Generator.load_cached_prefix): at most once
     prefix_looked_up: bool = False
+    # num_beams > 1: the search, and a KV slot per beam (the first is `slot`); token_ids is the leading beam's
+    # until the search ends, then the best finished hypothesis
+    beams: BeamSearch | None = None
+    beam_slots: tuple[int, ...] = ()
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The KV slots this request holds: one per beam, or its one slot (none when it holds none)."""
+        return self.beam_slots or (() if self.slot is None else (self.slot,))
 
 
 class StepClock:

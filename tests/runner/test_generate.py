@@ -240,6 +240,41 @@ def test_beam_cases_exercise_early_stopping(beam_setup):
     assert len(_hf_beams(model, 2, 1.0, False, (229, 71))) < 15  # a finished hypothesis won early
 
 
+def test_beam_search_shares_steps_with_sampled_requests(beam_setup):
+    """Beam search is a step kind of the one loop: its beams decode in the same engine calls as the sampled
+    requests beside it, and every request gets the tokens it gets alone (the beams HF's)."""
+    llm, model = beam_setup
+    greedy = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    beams = SamplingParams(temperature=0, num_beams=3, max_new_tokens=15)
+    prompts, params = [[1, 5, 9, 30], BEAM_PROMPT, [1, 8, 13]], [greedy, beams, greedy]
+    alone, steps = [], []
+    for prompt, p in zip(prompts, params):
+        alone.append(llm.generate(prompt_token_ids=[prompt], params=p)[0].token_ids)
+        steps.append(llm.generator.timings.decode_steps)
+    together = llm.generate(prompt_token_ids=prompts, params=params)
+    assert [o.token_ids for o in together] == alone
+    ref = _hf_beams(model, 3, 1.0, False, ())
+    assert ref[:len(alone[1])] == list(alone[1])
+    assert llm.generator.timings.decode_steps == max(steps) < sum(steps)  # one decode call per step for all
+    assert llm.backend.kv.num_free == 6
+
+
+def test_preempted_beam_search_restarts_with_the_same_answer(beam_setup):
+    """A beam search preempted for a more urgent request's growth (its KV recomputed) ends as it does alone."""
+    llm, _ = beam_setup
+    urgent = SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True)
+    beams = SamplingParams(temperature=0, num_beams=3, max_new_tokens=40, ignore_eos=True, priority=1)
+    prompts = [[1, 5, 9, 30], BEAM_PROMPT]
+    alone = [llm.generate(prompt_token_ids=[p], params=q)[0].token_ids for p, q in zip(prompts, [urgent, beams])]
+    # 11 blocks of 16 tokens: the beams' 3 x 3 blocks and the urgent request's first block, its second from the
+    # last free one; its third (position 32) preempts the beams, which wait for it to finish and start again
+    tight = LLM(llm.engine.path, backend="onnxruntime", kv_budget_tokens=11 * 16)
+    together = tight.generate(prompt_token_ids=prompts, params=[urgent, beams])
+    assert tight.generator.admission.scheduler.resumes.preemptions == 1
+    assert [o.token_ids for o in together] == alone
+    assert tight.backend.kv.num_free == 6
+
+
 def test_beam_search_differs_from_greedy_and_reports_logprobs(tiny_engine):
     engine, _ = tiny_engine("llama", Limits(max_batch=6, max_input_len=32, max_seq_len=64))
     llm = LLM(engine, backend="onnxruntime")

@@ -47,6 +47,19 @@ def test_greedy_tokens_identical_for_both_proposers(tiny_engine, arch, draft_arc
             assert stats.acceptance_rate == 1.0 and stats.mean_accepted_length > 2
 
 
+def test_beam_search_beside_speculative_requests_is_as_without(tiny_engine):
+    """A beam search's rows ride in the plain step of a speculative generator (nothing to verify); the drafted
+    request beside it and the beams answer as without speculation."""
+    engine, _ = tiny_engine("llama")
+    beams = SamplingParams(max_new_tokens=12, temperature=0, num_beams=2)
+    want = LLM(engine).generate(prompt_token_ids=PROMPTS, params=[GREEDY, beams])
+    llm = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(engine)))
+    got = llm.generate(prompt_token_ids=PROMPTS, params=[GREEDY, beams])
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert llm.generator.stats.verify_steps > 0 and llm.generator.stats.plain_steps > 0
+    assert llm.backend.kv.num_free == llm.backend.kv.batch_slots
+
+
 def test_streaming_stop_strings_and_max_tokens_as_without(tiny_engine):
     engine, _ = tiny_engine("llama")
     plain, spec = LLM(engine), LLM(engine, speculative=SpeculativeConfig("ngram", num_draft_tokens=6))

@@ -46,10 +46,12 @@ def order_key(r: RequestState) -> tuple[int, int]:
 def plan_admission(waiting: Sequence[RequestState], running: Sequence[RequestState], room: Room, *,
                    need: Callable[[RequestState], int], held: Callable[[RequestState], int],
                    skips: dict[int, int], max_overtakes: int, preempt: bool = True,
-                   preemptible: Callable[[RequestState], bool] = lambda r: True, watermark: int = 0) -> AdmissionPlan:
+                   preemptible: Callable[[RequestState], bool] = lambda r: True, watermark: int = 0,
+                   width: Callable[[RequestState], int] = lambda r: 1) -> AdmissionPlan:
     """The requests to admit and to preempt now. skips (request id -> times overtaken) is updated in place.
     watermark: blocks kept free for the running requests' growth once anything runs (optimistic admission:
-    kv_growth.py); a request alone may take them all, so one that fits the budget always runs."""
+    kv_growth.py); a request alone may take them all, so one that fits the budget always runs. width: the rows
+    (KV slots) a request takes: one, or one per beam."""
     rows, blocks = room.rows, room.blocks
     admit: list[RequestState] = []
     evict: list[RequestState] = []
@@ -59,24 +61,24 @@ def plan_admission(waiting: Sequence[RequestState], running: Sequence[RequestSta
     for r in sorted(waiting, key=order_key):
         n = need(r)
         keep = watermark if (running or admit) else 0
-        if rows >= 1 and blocks - keep >= n:
+        if rows >= width(r) and blocks - keep >= n:
             admit.append(r)
-            rows, blocks = rows - 1, blocks - n
+            rows, blocks = rows - width(r), blocks - n
             for b in passed_over:
                 skips[b.index] = skips.get(b.index, 0) + 1
             continue
         if preempt:
             take, free_rows, free_blocks = [], rows, blocks
             for v in victims:
-                if free_rows >= 1 and free_blocks >= n:
+                if free_rows >= width(r) and free_blocks >= n:
                     break
                 if v.params.priority > r.params.priority and v not in evict:
                     take.append(v)
-                    free_rows, free_blocks = free_rows + 1, free_blocks + held(v)
-            if take and free_rows >= 1 and free_blocks >= n:
+                    free_rows, free_blocks = free_rows + width(v), free_blocks + held(v)
+            if take and free_rows >= width(r) and free_blocks >= n:
                 evict += take
                 admit.append(r)
-                rows, blocks = free_rows - 1, free_blocks - n
+                rows, blocks = free_rows - width(r), free_blocks - n
                 continue
         if skips.get(r.index, 0) >= max_overtakes:
             break  # overtaken often enough: those behind it wait until it fits

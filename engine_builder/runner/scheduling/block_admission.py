@@ -9,13 +9,13 @@ Now each step does what the server's executor does (scheduler.py): grow the runn
 that step writes, preempting the least urgent by recompute when blocks run out, admit waiting ones by the
 blocks of their context (the KV budget and a paged engine's pool), prefill, decode: the same step function
 (engine_step.py). So with a budget of 4 full max_seq_len sequences 32 short requests run at once, each with
-the tokens it gets alone (tests/runner/test_generate_admission.py).
+the tokens it gets alone (tests/runner/test_generate_admission.py). A beam search request is admitted with a
+row and its whole length of budget per beam and decodes in the same steps.
 
 Prompts are prefilled whole when admitted, as before (max_tokens_per_step covers every slot's longest
 prompt): offline generation has no stream to keep pace with, and a chunk starting past position 0 takes the
 graph's other attention branch (batched_prefill.py), whose rounding a seeded draw can notice. Short prompts
-admitted together share one call where that is exact (prefill_groups.py). Beam search keeps its own loop
-(beam_search.py), reserving its beams' full length.
+admitted together share one call where that is exact (prefill_groups.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class BlockAdmission:
         Scheduler(self.config, generator).check(prompt_ids, params)
 
     def run(self, generator: Generator, requests: Sequence[RequestState], clock: StepClock) -> Iterator[Event]:
-        """Generate for `requests` (sampled, not beam search), yielding each step's events. Slots are the
+        """Generate for `requests`, yielding each step's events. Slots are the
         caller's to release when this stops early (Generator._loop); the budget is given back here."""
         sched = self.scheduler = Scheduler(self.config, generator)
         sched.waiting.extend(requests)

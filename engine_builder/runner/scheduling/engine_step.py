@@ -47,8 +47,9 @@ def run_engine_step(sched: Scheduler, plan: StepPlan, prefills: PrefillGroups,
         sched.step_budget.observe_prefill(planned, seconds)
         prefills.observe(fed, seconds)
     failed_ids = {r.index for r, _ in failures}
-    decoding = {r.slot: r for r in plan.decode
-                if r.index not in failed_ids and not r.finished and r.token_ids and not sched.resumes.prefill_left(r)}
+    decoding = {slot: r for r in plan.decode
+                if r.index not in failed_ids and not r.finished and r.token_ids and not sched.resumes.prefill_left(r)
+                for slot in r.slots}  # a beam search decodes a row per beam
     try:
         gen.reprefill(decoding, events)
         if clock is not None:
@@ -60,5 +61,5 @@ def run_engine_step(sched: Scheduler, plan: StepPlan, prefills: PrefillGroups,
             sched.step_budget.observe_decode(time.perf_counter() - started)
             prefills.observe(rows, time.perf_counter() - started)
     except Exception as exc:  # the batched call failed: every request in it fails
-        failures += [(r, exc) for r in decoding.values() if not r.finished]
+        failures += [(r, exc) for r in {r.index: r for r in decoding.values()}.values() if not r.finished]
     return events, failures

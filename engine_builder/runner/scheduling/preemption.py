@@ -32,7 +32,9 @@ class Resumes:
         if r.slot is not None:
             self.generator.release(r)
         self.preemptions += 1
-        if r.token_ids:
+        if r.beams is not None:  # a search starts again from its prompt when readmitted (it streamed nothing)
+            r.beams, r.token_ids = None, []
+        elif r.token_ids:
             self._at[r.index] = len(r.token_ids)
         elif r.prompt_logprobs is not None:  # scored mid-prefill: the recompute scores the prompt again
             del r.prompt_logprobs[1:]

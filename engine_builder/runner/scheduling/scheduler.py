@@ -113,17 +113,23 @@ class Scheduler:
 
     def required(self, r: RequestState) -> int:
         """KV positions r must have room for before this step: its context (prompt + generated, what a
-        resumed request prefills again) and the next step's tokens, at most its whole reservation."""
+        resumed request prefills again) and the next step's tokens, at most its whole reservation. A beam search's
+        beams hold their whole reservation from admission (Generator.admit)."""
+        if r.params.num_beams > 1:
+            return len(r.prompt_ids) + r.params.max_new_tokens
         return min(len(r.prompt_ids) + r.params.max_new_tokens, len(r.prompt_ids) + len(r.token_ids) + self.lookahead)
 
     def need(self, r: RequestState) -> int:
-        """KV budget blocks r needs now (optimistic admission: it grows later, grow())."""
-        return self.budget.blocks_for(self.required(r))
+        """KV budget blocks r needs now (optimistic admission: it grows later, grow()), for each of its beams."""
+        return self.budget.blocks_for(self.required(r)) * r.params.num_beams
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request the KV budget could never hold, before it waits forever: InputError, since retrying
         cannot help (a server answers 422, where a full queue's CapacityError is 429)."""
-        blocks = self.budget.blocks_for(len(prompt_ids) + params.max_new_tokens)
+        if params.num_beams > self.max_batch:
+            raise InputError(f"num_beams {params.num_beams} needs a sequence per beam but at most {self.max_batch} "
+                             "run at once (max_batch); lower num_beams or raise max_batch")
+        blocks = self.budget.blocks_for(len(prompt_ids) + params.max_new_tokens) * params.num_beams
         if blocks > self.budget.total_blocks:
             limit = self.budget.total_blocks * self.budget.block_size
             raise InputError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} needs "
@@ -152,7 +158,7 @@ class Scheduler:
 
         def shortfall(r: RequestState) -> Blocks:
             n = self.required(r)
-            return Blocks(self.budget.blocks_for(n) - self.budget.held(r.index), kv.blocks_to_grow(r.slot, n))
+            return Blocks(self.need(r) - self.budget.held(r.index), sum(kv.blocks_to_grow(s, n) for s in r.slots))
 
         def room() -> Blocks:
             return Blocks(self.budget.free, kv.available_blocks())
@@ -160,7 +166,8 @@ class Scheduler:
         def grow(r: RequestState) -> None:
             if (extra := shortfall(r).budget) > 0:
                 self.budget.grow(r.index, extra)
-            kv.grow(r.slot, self.required(r))
+            for slot in r.slots:
+                kv.grow(slot, self.required(r))
 
         return grow_or_preempt(list(self.running.values()), shortfall=shortfall, room=room, grow=grow,
                                preempt=self._preempt)
@@ -174,25 +181,26 @@ class Scheduler:
     def admit(self) -> list[RequestState]:
         """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""
         kv = self.generator.backend.kv
-        room = Room(min(self.max_batch - len(self.running), kv.num_free), self.budget.free)
+        rows = sum(r.params.num_beams for r in self.running.values())
+        room = Room(min(self.max_batch - rows, kv.num_free), self.budget.free)
         plan = plan_admission(self.waiting, list(self.running.values()), room, need=self.need,
                               held=lambda r: self.budget.held(r.index), skips=self._skips,
                               max_overtakes=self.config.max_overtakes, preempt=self.config.preemption,
-                              watermark=self.watermark)
+                              watermark=self.watermark, width=lambda r: r.params.num_beams)
         for r in plan.preempt:
             self._preempt(r)
         admitted = set()
         for r in plan.admit:
             n = self.required(r)
             # the storage's own room (a paged pool), keeping a watermark for the running ones' growth
-            if not kv.admits(n, WATERMARK_SHARE if self.running or admitted else 0.0):
+            if not kv.admits(n * r.params.num_beams, WATERMARK_SHARE if self.running or admitted else 0.0):
                 break
             try:
                 self.generator.admit(r, n)
             except CapacityError:  # the pool is short even for a first request: the rest wait a step
                 break
             admitted.add(r.index)
-            self.budget.hold(r.index, self.budget.blocks_for(n))
+            self.budget.hold(r.index, self.need(r))
             self._skips.pop(r.index, None)
             self.running[r.index] = r
             self.resumes.load_prompt(r)

@@ -84,6 +84,9 @@ class SpeculativeGenerator(Generator):
         execute_before = draft_backend.execute_seconds if draft_backend is not None else 0.0
         for slot in sorted(active):
             r = active[slot]
+            if r.beams is not None:  # a beam search's rows decode in the plain step (nothing to verify)
+                plain[slot] = r
+                continue
             control = self._lengths.get(id(r))
             if control is None:
                 control = self._lengths[id(r)] = self._prior.successor()
@@ -96,7 +99,8 @@ class SpeculativeGenerator(Generator):
         if clock is not None:  # decode tok/s counts the drafting, not just the verify steps
             clock.proposing(time.perf_counter() - started,
                             draft_backend.execute_seconds - execute_before if draft_backend is not None else 0.0)
-        riders = {slot: (r, self._lengths[id(r)], NO_PROPOSAL) for slot, r in plain.items() if r.params.greedy}
+        riders = {slot: (r, self._lengths[id(r)], NO_PROPOSAL) for slot, r in plain.items()
+                  if r.params.greedy and r.beams is None}
         if drafted and riders and self._fits_together({**drafted, **riders}):
             # greedy requests without drafts take their token from the verify step's first position rather than
             # from a second, plain engine call (sampled ones keep theirs: the plain step's draws are their own)
@@ -117,7 +121,7 @@ class SpeculativeGenerator(Generator):
         for slot, (r, _, _) in drafted.items():
             if r.slot is None:
                 del active[slot]
-        if len(plain) == 1:
+        if len(plain) == 1:  # (a beam search has two rows or more)
             (slot, r), = plain.items()
             self._verify(r, NO_PROPOSAL, events, clock)  # one row at its own slot: a plain step, timed as t1
             if r.slot is None:
