@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine_builder.runner.logits_processors import log_softmax
-from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 
@@ -119,24 +118,11 @@ class BeamSearch:
         """The best running beam's tokens so far (what the request has generated, as far as the loop counts)."""
         return [int(t) for t in self.running_tokens[0, :self.cur]]
 
-    def finish(self, r: RequestState) -> Event:
-        """The best finished hypothesis through the request's StopChecker: its text, stop strings, finish reason."""
+    def best(self) -> tuple[list[int], list[TokenLogprobs] | None]:
+        """The best finished hypothesis: its tokens, and their logprobs when the request asked for them."""
         best = int(np.argmax(self.done_scores))  # already sorted best first; argmax guards ties
         tokens = [int(t) for t in self.done_tokens[best, :self.done_len[best]]]
-        text = ""
-        for i, t in enumerate(tokens):
-            out = r.stop.step(t)
-            text += out.text
-            if out.finished:
-                tokens = tokens[:i + 1]
-                r.finish_reason, r.stop_reason = out.finish_reason, out.stop_reason
-                break
-        else:  # ended by the search without a stop token (cannot happen: the last step always hits)
-            r.finish_reason = "length"
-        r.token_ids, r.text = tokens, r.stop.text
-        if self.top_n is not None:
-            r.logprobs = list(self.done_lp[best][:len(tokens)])
-        return Event(r.index, text, True)
+        return tokens, (list(self.done_lp[best]) if self.top_n is not None else None)
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:

@@ -310,7 +310,7 @@ class Generator:
         feeds its token next step; when the search ends, the best hypothesis is r's answer and its slots go back."""
         step = r.beams.step(logits)
         if step.done:
-            events.append(r.beams.finish(r))
+            events.append(_finish_beams(r))
             self.release(r)
             return
         slots = r.beam_slots
@@ -326,3 +326,22 @@ class Generator:
             self.backend.release(slot)
         r.slot, r.beam_slots = None, ()
         r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again
+
+
+def _finish_beams(r: RequestState) -> Event:
+    """A search's best hypothesis through the request's StopChecker: its text, stop strings and finish reason."""
+    tokens, logprobs = r.beams.best()
+    text = ""
+    for i, t in enumerate(tokens):
+        out = r.stop.step(t)
+        text += out.text
+        if out.finished:
+            tokens = tokens[:i + 1]
+            r.finish_reason, r.stop_reason = out.finish_reason, out.stop_reason
+            break
+    else:  # ended by the search without a stop token (cannot happen: the last step always hits)
+        r.finish_reason = "length"
+    r.token_ids, r.text = tokens, r.stop.text
+    if logprobs is not None:
+        r.logprobs = logprobs[:len(tokens)]
+    return Event(r.index, text, True)

@@ -4,15 +4,12 @@ yields, and the clock that sums a run's prefill / decode / engine time."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine_builder.runner.backend import Backend
+from engine_builder.runner.beam_search import BeamSearch
 from engine_builder.runner.sampler import SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import FinishReason, StopChecker
-
-if TYPE_CHECKING:  # beam_search.py builds on this module
-    from engine_builder.runner.beam_search import BeamSearch
 
 
 @dataclass(frozen=True)
