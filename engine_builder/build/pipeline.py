@@ -36,8 +36,10 @@ from engine_builder.formats.manifest import (
     Versions,
     file_digests,
 )
+from engine_builder.formats.vision_spec import VISION_MODEL
 from engine_builder.network import NetworkOptions, build_decoder, save_graph
 from engine_builder.network.encoder import build_encoder
+from engine_builder.network.vision_encoder import build_vision_encoder
 from engine_builder.network.weights import link_weights
 from engine_builder.util.atomic_dir import atomic_output_dir
 from engine_builder.util.file_hash import sha256_file
@@ -182,6 +184,8 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
             save=save_graph,
             trt_options=lambda model: _trt_options(config, list(model.graph.inputs), encoder),
             explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
+        if checkpoint.model.vision is not None:  # LLaVA: the vision tower + projector, a graph of its own
+            lowered = _write_vision_graph(ckpt, tmp, networks["onnxruntime"], lowered, stage or (lambda _: None))
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
@@ -202,6 +206,17 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
             result = dataclasses.replace(result, fidelity=gate(tmp, stage or (lambda _: None)))
             dataclasses.replace(manifest, fidelity=result.fidelity).save(tmp)
     return result
+
+
+def _write_vision_graph(ckpt: Path, out_dir: Path, options: NetworkOptions, lowered: Lowered, say: Stage) -> Lowered:
+    """vision.onnx (network/vision_encoder.py) in the twin's dtype, its sha256 beside the decoder graphs' hashes.
+
+    No pass list runs on it (the lists hold decoder rewrites; onnxruntime fuses the plain attention itself) and
+    no TensorRT engine is built of it yet (issue 35: its own profile over images per call)."""
+    say("vision graph")
+    path = out_dir / VISION_MODEL
+    save_graph(build_vision_encoder(ckpt, options), path)
+    return dataclasses.replace(lowered, graph_hashes={**lowered.graph_hashes, "vision": sha256_file(path)})
 
 
 def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: float, peak: PeakRss) -> BuildResult:

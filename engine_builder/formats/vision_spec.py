@@ -36,6 +36,7 @@ VisionActivation = Literal["quick_gelu", "gelu", "gelu_tanh", "relu", "silu"]
 FeatureSelect = Literal["default", "full"]  # default: crop the class token; full: keep it
 Resample = Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"]  # PIL's filters
 
+VISION_MODEL = "vision.onnx"  # in an engine dir, beside model.onnx; its weights in the same rank0.safetensors
 PIXEL_VALUES = "pixel_values"
 IMAGE_FEATURES = "image_features"
 IMAGES = "images"  # the graph's dynamic batch axis: images per call

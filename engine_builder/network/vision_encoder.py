@@ -29,7 +29,6 @@ from engine_builder.network.weights import CheckpointWeights, link_weights
 from engine_builder.util.errors import InputError
 from engine_builder.util.version import __version__
 
-VISION_FILE = "vision.onnx"  # beside model.onnx, its weights in the same rank0.safetensors
 QUICK_GELU = 1.702  # CLIP's quick_gelu: x * sigmoid(1.702 x)
 
 
@@ -90,10 +89,10 @@ def write_vision_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link_weights(ckpt_dir, out_dir)
-    path = out_dir / VISION_FILE
-    tmp = out_dir / f".{VISION_FILE}.tmp-{os.getpid()}"
+    path = out_dir / io.VISION_MODEL
+    tmp = out_dir / f".{io.VISION_MODEL}.tmp-{os.getpid()}"
     try:
-        save_graph(model, tmp, data_name=f"{VISION_FILE}.data")
+        save_graph(model, tmp, data_name=f"{io.VISION_MODEL}.data")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -20,7 +20,9 @@ from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.formats.checkpoint import CheckpointConfig
 from engine_builder.formats.manifest import EngineManifest
+from engine_builder.formats.vision_spec import VISION_MODEL
 from engine_builder.network.vision_encoder import write_vision_onnx
+from engine_builder.util.file_hash import sha256_file
 
 STEPS = 16
 
@@ -59,11 +61,17 @@ def test_vision_features_match_transformers(llava, tmp_path, feature_layer, stra
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
 
-def test_text_only_greedy_generation_matches_transformers(llava, tmp_path):
+@pytest.fixture(scope="module")
+def engine(llava, tmp_path_factory) -> Path:
+    _, ckpt = llava
+    out = tmp_path_factory.mktemp("llava-engine") / "engine"
+    build(ckpt, out, BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                 limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
+    return out
+
+
+def test_text_only_greedy_generation_matches_transformers(llava, engine):
     hf_dir, ckpt = llava
-    engine = tmp_path / "engine"
-    build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32",
-                                    limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
     assert EngineManifest.load(engine).model.vision == CheckpointConfig.load(ckpt).model.vision
     prompt = np.random.default_rng(7).integers(3, IMAGE_TOKEN, 20).tolist()  # no image token
     hf = _hf(hf_dir)
@@ -79,3 +87,15 @@ def test_text_only_greedy_generation_matches_transformers(llava, tmp_path):
     assert list(got.token_ids) == want_tokens
     assert len(set(want_tokens)) > STEPS // 2  # a varied continuation, not one token repeated
     np.testing.assert_allclose([lp.logprob for lp in got.logprobs], want_logprobs, rtol=0, atol=1e-4)
+
+
+def test_build_writes_the_vision_graph_beside_the_decoder(llava, engine):
+    """vision.onnx in the engine dir, its hash in the manifest, its features transformers'."""
+    hf_dir, _ = llava
+    path = engine / VISION_MODEL
+    assert EngineManifest.load(engine).graph_hashes["vision"] == sha256_file(path)
+    pixels = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)  # one image
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": pixels})[0]
+    with torch.no_grad():
+        want = torch.stack(list(_hf(hf_dir).get_image_features(torch.from_numpy(pixels)).pooler_output)).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
