@@ -99,3 +99,23 @@ def test_build_writes_the_vision_graph_beside_the_decoder(llava, engine):
     with torch.no_grad():
         want = torch.stack(list(_hf(hf_dir).get_image_features(torch.from_numpy(pixels)).pooler_output)).numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_vision_graph_builds_with_tensorrt_rtx(llava, tmp_path, dtype):
+    """A real TensorRT-RTX build (sm80/sm86, no GPU needed) with a profile over 1..4 images per call: every op
+    parses to a native layer (one convolution for the patches, a normalization per LayerNorm)."""
+    pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
+    from engine_builder.network.options import NetworkOptions
+    from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
+
+    _, ckpt = llava
+    path = write_vision_onnx(ckpt, tmp_path, NetworkOptions(dtype=dtype))
+    shape = (3, 32, 32)
+    report = build_engine(path, tmp_path / "vision.engine", TrtBuildOptions(
+        compute_capabilities=("sm80", "sm86"), profiles=({"pixel_values": ((1, *shape), (1, *shape), (4, *shape))},),
+        decomposable_attention=dtype == "float32"))
+    assert report.engine_path.is_file() and report.engine_bytes > 0
+    layers = report.network_layer_types
+    # feature layer -2 of a 2-layer tower: one layer computed; pre-norm + its two norms
+    assert (layers["CONVOLUTION"], layers["NORMALIZATION"], layers["SOFTMAX"]) == (1, 3, 1)
