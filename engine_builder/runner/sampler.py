@@ -46,6 +46,11 @@ class SamplingState:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
             raise InputError(f"prompt token ids must be in [0, {vocab_size}) for this model's vocab; "
                              f"got {int(ids.min())}..{int(ids.max())}; check the tokenizer matches the engine")
+        # a bias on an id the model has no logit for would be skipped, so the caller's intent would be lost silently
+        bad = [token for token, _ in params.logit_bias or () if token >= vocab_size]
+        if bad:
+            raise InputError(f"logit_bias token id {bad[0]} is past this model's vocabulary of {vocab_size} ids "
+                             f"(valid: 0..{vocab_size - 1}); drop it or take the id from this engine's tokenizer")
         # Kept incrementally (O(1) per token) instead of rebuilt from id lists every step.
         self.seen: np.ndarray | None = None  # [vocab] bool, prompt + generated
         self.counts: np.ndarray | None = None  # [vocab] int32, generated only

@@ -63,6 +63,7 @@ class SamplingParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None  # {token_id: bias} given; sorted pairs stored
+    # (an id at or past the model's vocabulary is refused by SamplingState, which knows the vocabulary)
     prompt_logprobs: int | None = None  # None = off; n = each prompt token's logprob + the top n (vLLM)
     # Scheduling (executor/): lower runs first, as vLLM's priority; equal priorities are first come, first served
     priority: int = 0

@@ -81,7 +81,7 @@ async def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, n
         logit_bias=body.logit_bias, prompt_logprobs=prompt_logprobs, priority=body.priority, **constraint)
     vocab = state.executor.llm.backend.vocab_size
     bad = next((t for t, _ in params.logit_bias or () if t >= vocab), None)
-    if bad is not None:  # the sampler would skip it: refused, as a prompt id past the vocabulary is
+    if bad is not None:  # SamplingState refuses it too; here before the constraint compiles
         raise ApiError(VALIDATION, f"logit_bias token ids must be in [0, {vocab}), got {bad}")
     await check_constraint(state, params)
     return params

@@ -149,3 +149,20 @@ def test_the_library_reports_an_answer_the_grammar_gave_up_on_as_an_error(tiny_b
     assert out.finish_reason == "error" and "gave up on this json_schema mid-answer" in out.stop_reason
     assert stream.output.finish_reason == "error"
     assert followed.finish_reason in ("stop", "length")  # a schema llguidance can follow is unaffected
+
+
+def test_the_library_refuses_a_logit_bias_id_past_the_vocabulary(tiny_bpe_engine):
+    """LLM.generate / stream refuse a logit_bias id the model has no logit for, naming it and the vocabulary, before
+    any work (as the server refuses it with a 400; the sampler skipped it silently); the vocabulary's last id works."""
+    from engine_builder import LLM
+
+    with LLM(tiny_bpe_engine) as llm:
+        vocab = llm.backend.vocab_size
+        refused = SamplingParams(max_new_tokens=4, temperature=0, logit_bias={1: 2.0, vocab: 5.0})
+        needle = rf"logit_bias token id {vocab} is past this model's vocabulary of {vocab} ids"
+        with pytest.raises(InputError, match=needle):
+            llm.generate(["Hi", "there"], [SamplingParams(max_new_tokens=4), refused])
+        with pytest.raises(InputError, match=needle):
+            llm.stream("Hi", refused)
+        out = llm.generate("Hi", SamplingParams(max_new_tokens=1, temperature=0, logit_bias={vocab - 1: 100}))[0]
+    assert out.token_ids == (vocab - 1,)

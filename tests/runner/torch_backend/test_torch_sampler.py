@@ -28,6 +28,7 @@ from engine_builder.runner.sampler import Sampler, SamplingState
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.torch_backend import device_sampler as torch_sampler
 from engine_builder.runner.torch_backend.device_sampler import TorchSampler
+from engine_builder.util.errors import InputError
 
 VOCAB = 1000
 SEEDS = range(50)
@@ -159,15 +160,26 @@ def test_penalties_and_bias_on_greedy_rows_equal_numpys():
             dict(temperature=0.0, presence_penalty=1.5, frequency_penalty=2.0),
             dict(temperature=0.0, logit_bias={5: 100.0}),
             dict(temperature=0.0, logit_bias={i: -100.0 for i in range(0, VOCAB, 2)}),
-            # an id past the vocab has no logit to bias; the others meet the repetition penalty after the bias
+            # the vocabulary's last id is biased like any other; all meet the repetition penalty after the bias
             dict(temperature=0.0, repetition_penalty=1.3, presence_penalty=-1.0,
-                 logit_bias={VOCAB + 5: 3.0, **{i: 2.0 for i in range(1, VOCAB, 5)}})]
+                 logit_bias={VOCAB - 1: 3.0, **{i: 2.0 for i in range(1, VOCAB, 5)}})]
     changed = 0
     for seed in range(10):
         for logits, _, want, got, _ in _run(seed, _params(seed, rows), steps=8):
             np.testing.assert_array_equal(got.token_ids, want.token_ids)
             changed += int((want.token_ids != logits.argmax(-1)).sum())
     assert changed > 50  # the penalties and biases really moved the argmax
+
+
+def test_a_logit_bias_id_past_the_vocab_is_refused_naming_it_and_the_vocab():
+    # both samplers take SamplingState's rows: an id without a logit is refused there (it used to be skipped)
+    for token in (VOCAB, VOCAB + 5):
+        with pytest.raises(InputError, match=rf"logit_bias token id {token} is past this model's vocabulary of "
+                                             rf"{VOCAB} ids \(valid: 0\.\.{VOCAB - 1}\)"):
+            SamplingState(SamplingParams(temperature=0.0, logit_bias={3: 1.0, token: 2.0}), [1, 2], VOCAB)
+    state = SamplingState(SamplingParams(temperature=0.0, logit_bias={VOCAB - 1: 100.0}), [1, 2], VOCAB)
+    logits = torch.zeros((1, VOCAB))
+    assert TorchSampler()(logits, [state]).token_ids.tolist() == [VOCAB - 1]
 
 
 @pytest.mark.parametrize("mode", ["raw", "processed"])
