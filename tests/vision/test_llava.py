@@ -70,9 +70,19 @@ def engine(llava, tmp_path_factory) -> Path:
     return out
 
 
-def test_text_only_greedy_generation_matches_transformers(llava, engine):
-    hf_dir, ckpt = llava
+@pytest.mark.parametrize("text", ["llama", "qwen2", "mistral"])
+def test_text_only_greedy_generation_matches_transformers(llava, engine, tmp_path, text):
+    """The text decoder of each supported text model, converted by its own converter and built unchanged."""
+    if text == "llama":
+        hf_dir, ckpt = llava
+    else:
+        hf_dir, ckpt = tiny_llava(tmp_path / "hf", text=text), tmp_path / "ckpt"
+        convert(hf_dir, ckpt, dtype="float32")
+        engine = tmp_path / "engine"
+        build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                        limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
     assert EngineManifest.load(engine).model.vision == CheckpointConfig.load(ckpt).model.vision
+    assert EngineManifest.load(engine).model.block.attention.qkv_bias == (text == "qwen2")
     prompt = np.random.default_rng(7).integers(3, IMAGE_TOKEN, 20).tolist()  # no image token
     hf = _hf(hf_dir)
     hf.generation_config.eos_token_id = None  # random weights may emit EOS; compare every step

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import transformers
 from runner_engines import add_word_tokenizer
-from tiny_models import COMMON
+from tiny_models import COMMON, TINY_MODELS
 
 IMAGE_TOKEN = 300  # inside the tiny vocabulary (320), as llava-1.5's 32000 is inside its padded 32064
 # a processor config as llava-hf's preprocessor_config.json, sized for the tiny tower, with its own mean / std
@@ -18,16 +18,18 @@ PREPROCESSOR = {"image_processor_type": "CLIPImageProcessor", "do_resize": True,
                 "image_std": [0.2, 0.25, 0.3], "do_convert_rgb": True}
 
 
-def tiny_llava(out: Path, feature_layer: int | list[int] = -2, strategy: str = "default") -> Path:
-    """CLIP tower 32 wide, 2 layers, 4 heads, 32x32 images of 8x8 patches (16); the COMMON llama text model.
+def tiny_llava(out: Path, feature_layer: int | list[int] = -2, strategy: str = "default", text: str = "llama") -> Path:
+    """CLIP tower 32 wide, 2 layers, 4 heads, 32x32 images of 8x8 patches (16); TEXT the tiny_models one of that
+    name (llama: COMMON's plain llama; qwen2: q/k/v biases, a sliding window above layer 1, yarn; mistral: a window).
 
     Weights at 10x transformers' init scale and norms / biases moved off their init (as tests/toy_arch does), so
     a wrong layout or a wrong hidden state changes the numbers rather than hiding under tiny activations."""
     vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                            num_attention_heads=4, image_size=32, patch_size=8,
                                            initializer_range=0.2)
-    text = transformers.LlamaConfig(**COMMON, initializer_range=0.2)
-    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
+    config_class, _, overrides = TINY_MODELS[text] if text != "llama" else ("LlamaConfig", None, {})
+    text_config = getattr(transformers, config_class)(**{**COMMON, **overrides}, initializer_range=0.2)
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text_config, image_token_index=IMAGE_TOKEN,
                                       vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy,
                                       image_seq_length=16 + (strategy == "full"))
     torch.manual_seed(0)
