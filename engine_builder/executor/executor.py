@@ -92,12 +92,9 @@ class Executor:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestHandle:
         """Queue a request and return its handle. Raises here, in the caller's thread: InputError /
         CapacityError for a request the engine can never run (Generator.check), CapacityError when
-        max_queue requests already wait, InputError for beam search or after shutdown."""
+        max_queue requests already wait, InputError after shutdown."""
         if not isinstance(params, SamplingParams):
             raise InputError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.num_beams > 1:
-            raise InputError(f"the executor does not run beam search (num_beams {params.num_beams}); use "
-                             "num_beams=1, or LLM.generate without an executor for beam search")
         ids = [int(t) for t in prompt_token_ids]
         self._generator.check(ids, params)
         self._scheduler.check(ids, params)

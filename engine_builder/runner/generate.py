@@ -25,6 +25,7 @@ engine call) is measured in `Timings.overhead_share`.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -310,7 +311,7 @@ class Generator:
         feeds its token next step; when the search ends, the best hypothesis is r's answer and its slots go back."""
         step = r.beams.step(logits)
         if step.done:
-            events.append(_finish_beams(r))
+            events += _finish_beams(r)
             self.release(r)
             return
         slots = r.beam_slots
@@ -328,20 +329,22 @@ class Generator:
         r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again
 
 
-def _finish_beams(r: RequestState) -> Event:
-    """A search's best hypothesis through the request's StopChecker: its text, stop strings and finish reason."""
+def _finish_beams(r: RequestState) -> list[Event]:
+    """A search's best hypothesis through the request's StopChecker (text, stop strings, finish reason): its tokens'
+    events all at once, as a stream sees them when the search ends."""
     tokens, logprobs = r.beams.best()
-    text = ""
+    events = []
     for i, t in enumerate(tokens):
         out = r.stop.step(t)
-        text += out.text
+        events.append(Event(r.index, out.text, out.finished, t, logprobs[i] if logprobs is not None else None))
         if out.finished:
             tokens = tokens[:i + 1]
             r.finish_reason, r.stop_reason = out.finish_reason, out.stop_reason
             break
     else:  # ended by the search without a stop token (cannot happen: the last step always hits)
         r.finish_reason = "length"
+        events[-1] = dataclasses.replace(events[-1], finished=True)
     r.token_ids, r.text = tokens, r.stop.text
     if logprobs is not None:
         r.logprobs = logprobs[:len(tokens)]
-    return Event(r.index, text, True)
+    return events

@@ -17,7 +17,7 @@ class Event:
     request: int  # RequestState.index: the prompt's index in this run (an executor's request id)
     text: str  # new text safe to show (stop-string hold-back applied)
     finished: bool
-    token_id: int | None = None  # the token this event is for; None for beam search's single final event
+    token_id: int | None = None  # the token this event is for
     logprobs: TokenLogprobs | None = None  # of token_id, when the request asked for logprobs
 
 

@@ -36,8 +36,8 @@ def test_bad_requests_raise_at_submit_and_queue_nothing(llm):
             executor.submit([1, 49152], SamplingParams(max_new_tokens=4))
         with pytest.raises(InputError, match="must be in \\[0, 49152\\)"):  # was an OverflowError
             executor.submit([1, -1], SamplingParams(max_new_tokens=4))
-        with pytest.raises(InputError, match="does not run beam search"):
-            executor.submit(llm.encode("Hello"), SamplingParams(max_new_tokens=4, num_beams=2))
+        with pytest.raises(CapacityError, match="num_beams 5 needs one KV slot per beam"):
+            executor.submit(llm.encode("Hello"), SamplingParams(max_new_tokens=4, num_beams=5))
         assert executor.stats().queue_depth == 0 and executor.stats().steps == 0
 
 

@@ -15,6 +15,7 @@ from runner_engines import GQA_PASSES
 from sample_texts import MULTILINGUAL
 
 from engine_builder import LLM, SamplingParams
+from engine_builder.executor.executor import Executor
 from engine_builder.formats.build_config import Limits
 from engine_builder.util.errors import CapacityError, InputError
 
@@ -256,6 +257,24 @@ def test_beam_search_shares_steps_with_sampled_requests(beam_setup):
     ref = _hf_beams(model, 3, 1.0, False, ())
     assert ref[:len(alone[1])] == list(alone[1])
     assert llm.generator.timings.decode_steps == max(steps) < sum(steps)  # one decode call per step for all
+    assert llm.backend.kv.num_free == 6
+
+
+def test_the_executor_runs_beam_search_as_llm_generate_does(beam_setup):
+    """The server's driver runs the same steps: a beam request beside a greedy one streams the best hypothesis's
+    tokens when the search ends, the answers LLM.generate gives."""
+    llm, _ = beam_setup
+    prompts = [BEAM_PROMPT, [1, 5, 9, 30]]
+    params = [SamplingParams(temperature=0, num_beams=4, max_new_tokens=15, logprobs=1),
+              SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)]
+    want = llm.generate(prompt_token_ids=prompts, params=params)
+    with Executor(llm) as executor:
+        handles = [executor.submit(p, q) for p, q in zip(prompts, params)]
+        got = [h.result(timeout=60) for h in handles]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.text for g in got] == [w.text for w in want]
+    assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
+    assert [lp.token_id for lp in got[0].logprobs] == list(want[0].token_ids)
     assert llm.backend.kv.num_free == 6
 
 
