@@ -6,7 +6,8 @@ that wrapper prints before exiting 2. Sampling values are checked before the eng
 so a typo fails in milliseconds rather than after seconds of session creation.
 
 stdout carries only the generated text (or, with --json, one JSON object), so the output can be
-piped; the backend and timings go to stderr.
+piped; the backend and timings go to stderr. A constrained answer the grammar engine gave up on mid-way
+(finish_reason "error") is printed as far as it got, then its reason on stderr, and run exits 2.
 """
 
 from __future__ import annotations
@@ -129,11 +130,16 @@ def run(
         if spec is not None:  # acceptance rate, mean accepted length
             result["speculative"] = llm.generator.stats.to_json()
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
-        return
-    sys.stdout.write("\n")
-    sys.stdout.flush()  # the answer's last line before the stderr summary, in a terminal too
-    sys.stderr.write(f"[{llm.backend_name}] {len(out.token_ids)} tokens, finish {out.finish_reason}, "
-                     f"prefill {timings.prefill_ms:.0f} ms, decode {timings.decode_tok_s:.1f} tok/s\n")
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()  # the answer's last line before the stderr summary, in a terminal too
+        sys.stderr.write(f"[{llm.backend_name}] {len(out.token_ids)} tokens, finish {out.finish_reason}, "
+                         f"prefill {timings.prefill_ms:.0f} ms, decode {timings.decode_tok_s:.1f} tok/s\n")
+    if out.finish_reason == "error":  # the grammar engine gave up mid-answer: the text fails its constraint
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {out.stop_reason}; the answer is incomplete: simplify the constraint "
+                         f"(fewer alternatives, fewer optional keys) and retry\n")
+        raise typer.Exit(2)  # as chat exits on a failed turn: a script must not take this answer for a valid one
 
 
 def _read_prompt(prompt: str | None) -> str:
