@@ -6,6 +6,10 @@
     past_key.{i}     dtype  [batch, kv_heads, max_seq, head_dim]   static cache buffer, layer i
                                                                    (int8 with `convert --kv-cache int8`)
     past_value.{i}   dtype  [batch, kv_heads, max_seq, head_dim]
+    image_embeds     float32 [batch, seq, hidden]  vision models only (ModelConfig.vision set): the image features
+                                                  at the image-token positions (anything finite elsewhere: zeros)
+    image_mask       bool   [batch, seq]          vision models only: true where image_embeds replaces the token's
+                                                  embedding (HF llava's masked_scatter); all false for text rows
     ->
     logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits;
                                                   [batch, min(seq, T), vocab] with metadata logits_tail = T > 1)
@@ -38,6 +42,9 @@ INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 PAST_LENGTHS = "past_lengths"
 LOGITS = "logits"
+# vision-language decoders (ModelConfig.vision set) only; a text model's graph has neither input
+IMAGE_EMBEDS = "image_embeds"  # float32 [batch, seq, hidden]
+IMAGE_MASK = "image_mask"  # bool [batch, seq]
 
 # symbolic dims
 BATCH = "batch"
