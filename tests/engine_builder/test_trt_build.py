@@ -48,7 +48,7 @@ def test_decoder_layer_engine_and_report(decoder_build):
     assert report.engine_path.stat().st_size == report.engine_bytes > 100_000
     assert report.flavour == "tensorrt_rtx" and report.trt_version.startswith("1.")
     assert report.targets == TARGETS and report.num_profiles == 2
-    assert 0 < report.build_seconds < 60 and report.peak_rss_bytes > 0
+    assert report.build_seconds > 0 and report.peak_rss_bytes > 0  # recorded; not a time bound (a loaded CI machine)
     assert not list(report.engine_path.parent.glob(".*tmp"))  # the temp file was renamed away
     info = compatibility.EngineBuildInfo.from_mapping(json.loads(json.dumps(report.to_json())))
     assert info == compatibility.EngineBuildInfo("tensorrt_rtx", report.trt_version, TARGETS)

@@ -54,14 +54,14 @@ def test_sigterm_cancels_streams_that_outlive_the_timeout(smollm2_engine):
         with httpx.stream("POST", f"{server.url}/v1/completions", json=_stream_body(200), timeout=120) as stream:
             events = sse_data(stream.iter_lines())
             next(events)
-            started = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             rest = list(events)
         assert rest[-1] == "[DONE]"
         assert rest[-2]["error"]["code"] == "unavailable" and "shutting down" in rest[-2]["error"]["message"]
+        # cut: fewer than the 200 tokens asked for, none of them a finish
         assert len(rest) < 200 and all(c["choices"][0]["finish_reason"] is None for c in rest[:-2])
-        server.proc.wait(60)  # exits by itself, long before the 200 tokens would have taken
-        assert time.monotonic() - started < 60
+        server.proc.wait(60)  # it exits by itself (the 60 s are a hang guard: TimeoutExpired if it never does)
+        assert server.proc.returncode == 0 and _refuses_connections(server.url)  # gone, nothing left listening
     finally:
         code = server.stop()
     assert code == 0, server.log()
