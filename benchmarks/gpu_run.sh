@@ -2,9 +2,11 @@
 # The torch backend on the lent GPU machine (one H200): the GPU test subset, the paged-attention kernel
 # benchmark and the decode benchmarks against HF transformers, logs under $OUT (benchmarks/results/ once
 # fetched). Run from the repository root: `bash benchmarks/gpu_run.sh [tests|kernel|smollm2|8b ...]` (all parts
-# by default; a device call is at most 10 minutes, so split them across calls). The machine's torch 2.11 +
-# CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance, gguf, onnxruntime>=1.31)
-# sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go to /tmp/site first.
+# by default; a device call is at most 10 minutes, so split them across calls). `tp` (not a default part: it
+# needs 2 GPUs, nvidia-h200-x2 or larger) runs the torch backend's tensor-parallel test, its ranks over NCCL.
+# The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
+# gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
+# to /tmp/site first.
 # TRTBUILD_MEMORY_GB: the host-RAM plan is the CPU twin's (formats/memory_plan.py); the torch backend's KV and
 # activations live on the GPU, and Firecracker's MemTotal starts far below the machine's 128 GiB
 export TRTBUILD_MEMORY_GB=${TRTBUILD_MEMORY_GB:-2000}
@@ -32,6 +34,10 @@ for part in $PARTS; do
         tests/runner/torch_backend/test_decode_inputs.py tests/runner/torch_backend/test_torch_backend.py \
         -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20 ;;
+    tp)  # 2 ranks, one per GPU, NCCL between them, decode steps captured with their collectives in CUDA graphs
+      TRTBUILD_TEST_DEVICE=cuda timeout ${TP_S:-300} python3 -m pytest -q -x -p no:cacheprovider \
+        tests/runner/torch_backend/test_torch_tp.py -rfE > "$OUT/gpu-tp-tests.log" 2>&1
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tp-tests.log" | tail -20 ;;
     kernel)
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;

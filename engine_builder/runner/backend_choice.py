@@ -51,6 +51,11 @@ def open_backend(engine: EngineDir, backend: str = "auto", *,
     if engine.model.encoder is not None:  # the backends step a decoder; encoders have runner/embedder.py
         raise InputError(f"{engine.path} is an encoder ({engine.model.architecture}) engine: it computes embeddings, "
                          "not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or `trtbuild serve`")
+    if engine.manifest.mapping is not None and backend == "torch":  # tp ranks of the torch decoder, rank 0 driving
+        from engine_builder.runner.parallel.torch_ranks import TorchParallelBackend
+
+        ranks = TorchParallelBackend.open(engine, threads=threads)
+        return ranks, BackendChoice("torch", ranks.reason)
     if engine.manifest.mapping is not None:  # tp/pp: this is rank 0, driving the others (runner/parallel/)
         from engine_builder.runner.parallel.parallel_backend import ParallelBackend
 

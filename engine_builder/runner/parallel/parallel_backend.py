@@ -4,6 +4,8 @@ Rank 0 runs the ordinary generation loop (runner/generate.py: sampling, stopping
 bookkeeping) over this backend. Each backend call becomes one command broadcast to every rank over the
 control group, then executed by all of them together (rank_runner.py):
 
+    [OPEN, SEGMENTS, 0, 0]         (first: which runner the ranks open; torch_ranks.py's driver says TORCH
+                                    and has commands of its own, listed there)
     [STEP, first_slot, rows, seq]  + input_ids [rows * seq] + past_lengths [rows]
     [COPY, n, length, 0]           + src [n] + dst [n]             (beam fan-out, reordering)
     [ZERO, slot, length, 0]                                        (a freed slot's positions)
@@ -24,8 +26,9 @@ from engine_builder.runner.kv.kv_cache import KVCacheManager
 from engine_builder.runner.parallel.collectives import Collectives
 from engine_builder.runner.parallel.rank_runner import RankRunner
 
-STOP, STEP, COPY, ZERO = 0, 1, 2, 3
+STOP, STEP, COPY, ZERO, OPEN = 0, 1, 2, 3, 4
 HEADER = 4
+SEGMENTS, TORCH = 0, 1  # OPEN's runner: onnxruntime segments (rank_runner.py), the torch decoder (torch_ranks.py)
 
 
 def default_threads(comm: Collectives) -> int:
@@ -60,6 +63,7 @@ class ParallelBackend(Backend):
         self.comm = comm or Collectives(mapping)
         if self.comm.rank != 0:
             raise AssertionError("ParallelBackend runs on rank 0; other ranks run worker.follow()")
+        self.comm.broadcast_ints(np.array([OPEN, SEGMENTS, 0, 0]), HEADER)
         self.runner = RankRunner(engine.path, engine.manifest, self.comm, threads or default_threads(self.comm))
         lim = engine.limits
         local = mapping.local_model(engine.model)

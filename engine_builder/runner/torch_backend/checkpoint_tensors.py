@@ -1,7 +1,8 @@
 """A checkpoint's or engine dir's tensors for the torch decoder: read lazily, checked, dequantized.
 
     read_model_dir   config.json (a checkpoint's, or an engine dir's manifest) + rank0.safetensors, opened
-                     lazily: a tensor is read when the decoder takes it, so host memory holds one at a time
+                     lazily: a tensor is read when the decoder takes it, so host memory holds one at a time;
+                     of a tp dir, one rank's shard (rank{r}.safetensors) and the config of what it holds
     float_weight     a canonical float tensor, or a quantized linear's weight dequantized to float32 per
                      converters/quantize/FORMAT.md (weight-only schemes: correct, not fast)
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine_builder.formats.checkpoint import CHECKPOINT_SCHEMA, CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
+from engine_builder.formats.checkpoint import CHECKPOINT_SCHEMA, CONFIG_FILE, CheckpointConfig, weights_file
 from engine_builder.formats.manifest import ENGINE_SCHEMA, EngineManifest
 from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.parallel_mapping import ParallelMapping
@@ -36,7 +37,7 @@ _NO_QUANT = "convert the float model without --quant for the torch backend"
 class ModelDir:
     """What a dir holds for the torch decoder."""
 
-    model: ModelConfig
+    model: ModelConfig  # of a tp dir's rank: what its shard holds (mapping.local_model)
     quantization: Quantization
     tensors: Mapping[str, torch.Tensor]  # canonical name -> tensor as stored, read on access
     max_seq_len: int | None  # an engine dir's limit (its rotary tables' bound); None for a checkpoint dir
@@ -70,8 +71,9 @@ class LazySafetensors(Mapping[str, torch.Tensor]):
         return name in self._names
 
 
-def read_model_dir(path: Path) -> ModelDir:
-    """A checkpoint dir (`trtbuild convert`) or an engine dir (`trtbuild build`), told apart by config.json's schema."""
+def read_model_dir(path: Path, tp_rank: int | None = None) -> ModelDir:
+    """A checkpoint dir (`trtbuild convert`) or an engine dir (`trtbuild build`), told apart by config.json's schema.
+    TP_RANK: of a tensor-parallel dir (`convert --tp N`), the rank whose shard to read."""
     path = Path(path)
     try:
         schema = json.loads((path / CONFIG_FILE).read_text()).get("schema")
@@ -90,11 +92,22 @@ def read_model_dir(path: Path) -> ModelDir:
                              "(`trtbuild build`): its config.json is missing or of another schema")
         ckpt = CheckpointConfig.load(path)
         model, quantization, mapping, max_seq_len = ckpt.model, ckpt.quantization, ckpt.mapping, None
-    if mapping is not None and mapping != ParallelMapping(1, 1):
-        raise UnsupportedError(f"{path} is sharded for tp {mapping.tp} / pp {mapping.pp}; the torch backend runs "
-                               "one unsharded rank: convert (and build) without --tp/--pp")
     model.validate()
-    return ModelDir(model, quantization, LazySafetensors(path / WEIGHTS_FILE), max_seq_len)
+    rank = 0
+    if mapping is not None and mapping != ParallelMapping(1, 1):
+        if mapping.pp != 1:
+            raise UnsupportedError(f"{path} is split into {mapping.pp} pipeline stages (pp {mapping.pp}); the torch "
+                                   "backend runs tensor parallel only (tp, pp=1): convert with --tp alone, or run "
+                                   "it with --backend onnxruntime")
+        if tp_rank is None or not 0 <= tp_rank < mapping.tp:
+            raise UnsupportedError(f"{path} is sharded for tp {mapping.tp}: each of its {mapping.tp} ranks reads its "
+                                   "own shard; run it with `trtbuild run` (which starts the ranks) or under torchrun")
+        mapping.check(model)
+        model, rank = mapping.local_model(model), tp_rank
+    elif tp_rank:
+        raise UnsupportedError(f"{path} is not sharded for tensor parallel (no --tp at convert): it has no rank "
+                               f"{tp_rank}")
+    return ModelDir(model, quantization, LazySafetensors(path / weights_file(rank)), max_seq_len)
 
 
 def check_quantization(q: Quantization) -> None:

@@ -13,6 +13,11 @@ values into the pool (write_kv) and then attends through `attention`, a function
 signature (the Triton kernel replaces it on the GPU). Everything per model (weights, rotary tables) is made at
 construction, and the forward holds no host synchronization outside the attention function (no .item(), no
 branch on a tensor's value; only on shapes), so the GPU path can capture it in a CUDA graph.
+
+Tensor parallel (tp > 1, tensor_parallel.py): rank r's decoder is the model of mapping.local_model(cfg) (its
+heads, KV heads, MLP and expert slices, vocab rows) over rank{r}.safetensors; the embedding, every o_proj and
+MLP output, and the logits pass through the tp group's collectives, so every rank ends a step with the whole
+model's logits.
 """
 
 from __future__ import annotations
@@ -29,16 +34,17 @@ from engine_builder.formats.checkpoint import expected_shapes
 from engine_builder.formats.model_config import LayerType, ModelConfig
 from engine_builder.formats.quantization import Quantization
 from engine_builder.formats.rope_frequencies import rope_frequencies
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, write_kv
 from engine_builder.runner.torch_backend.checkpoint_tensors import (
     check_quantization,
     expect,
     float_weight,
     read_model_dir,
 )
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, write_kv
 from engine_builder.runner.torch_backend.experts import MoeWeights, moe_mlp
 from engine_builder.runner.torch_backend.layers import DenseMlpWeights, NormWeights, dense_mlp, norm
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary, rotary_tables
+from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util.errors import ConfigError, UnsupportedError
 
 
@@ -88,16 +94,18 @@ class TorchDecoder:
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], *, device: torch.device | str,
                  dtype: torch.dtype, quantization: Quantization = Quantization(), max_positions: int | None = None,
-                 attention: AttentionFn = paged_attention_ref):
+                 attention: AttentionFn = paged_attention_ref, tp: TensorParallel | None = None):
         """TENSORS: canonical name -> tensor as stored (a quantized checkpoint's linears dequantized here, per
         QUANTIZATION). MAX_POSITIONS: the rotary tables' bound (positions 0..max_positions - 1; default
-        max_position_embeddings; an engine's max_seq_len may be larger)."""
+        max_position_embeddings; an engine's max_seq_len may be larger). TP: this rank's tp group, CFG and
+        TENSORS then being its shard's (mapping.local_model, rank{r}.safetensors)."""
         if cfg.encoder is not None:
             raise UnsupportedError(f"{cfg.architecture} is an encoder (pooled embeddings), not a decoder: the torch "
                                    "backend runs decoders only; run it with the onnxruntime backend")
         cfg.validate()
         check_quantization(quantization)
         self.cfg, self.device, self.dtype, self.attention = cfg, torch.device(device), dtype, attention
+        self.tp = tp if tp is not None and tp.size > 1 else None
         # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into
         self.kv_attention: Callable[..., torch.Tensor] | None = None
         self.max_positions = max_positions or cfg.max_position_embeddings
@@ -125,15 +133,16 @@ class TorchDecoder:
 
     @classmethod
     def from_dir(cls, path: Path, *, device: torch.device | str, dtype: torch.dtype, max_positions: int | None = None,
-                 attention: AttentionFn = paged_attention_ref) -> TorchDecoder:
+                 attention: AttentionFn = paged_attention_ref, tp: TensorParallel | None = None) -> TorchDecoder:
         """A checkpoint dir or an engine dir (rank0.safetensors beside config.json); an engine dir's rotary
-        tables cover its max_seq_len unless MAX_POSITIONS says otherwise."""
-        found = read_model_dir(Path(path))
+        tables cover its max_seq_len unless MAX_POSITIONS says otherwise. TP: a tp dir's rank, which reads its own
+        shard (rank{tp.rank}.safetensors)."""
+        found = read_model_dir(Path(path), tp_rank=tp.rank if tp is not None else None)
         bound = max_positions or max(found.max_seq_len or 0, found.model.max_position_embeddings)
         if found.model.position_embedding == "learned":
             bound = min(bound, found.model.max_position_embeddings)
         return cls(found.model, found.tensors, device=device, dtype=dtype, quantization=found.quantization,
-                   max_positions=bound, attention=attention)
+                   max_positions=bound, attention=attention, tp=tp)
 
     @property
     def reprefill_after(self) -> int | None:
@@ -157,7 +166,8 @@ class TorchDecoder:
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV,
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """token_ids, positions [T] int64 -> logits [N, vocab] float32 of the tokens at logits_indices [N]."""
-        h = F.embedding(token_ids, self.embed)  # [T, hidden]
+        # [T, hidden]; vocab-parallel under tp: this rank's rows, the others' zeros, all-reduced
+        h = self.tp.embed(token_ids, self.embed) if self.tp else F.embedding(token_ids, self.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         if self.pos_embed is not None:  # gpt2: token + position embeddings
@@ -178,7 +188,9 @@ class TorchDecoder:
             h = self._decoder_layer(h, layer, table, by_table[id(table)] if table else None, window,
                                     kv.k_pools[i], kv.v_pools[i], kv)
         h = norm(h[logits_indices], self.final_norm, self.cfg.block.norm)  # [N, hidden]
-        logits = F.linear(h, self.lm_head)  # [N, vocab]
+        logits = F.linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
+        if self.tp:
+            logits = self.tp.gather_vocab(logits)
         if self.cfg.final_logit_softcap:
             cap = self.cfg.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
@@ -193,6 +205,8 @@ class TorchDecoder:
         branches read the same x and are added as transformers adds them."""
         spec = self.cfg.block
         h = self._attention(norm(x, w.attn_norm, spec.norm), w.attn, table, cos_sin, window, k_pool, v_pool, kv)
+        if self.tp:  # o_proj's partial sums (row-parallel; the mapping refuses an o bias)
+            h = self.tp.all_reduce(h)
         if w.post_attn_norm is not None:
             h = norm(h, w.post_attn_norm, spec.norm)
         attn_out = h
@@ -200,6 +214,8 @@ class TorchDecoder:
             x = x + h
         h = norm(x, w.mlp_norm, spec.norm)
         h = moe_mlp(h, w.mlp, spec.mlp) if isinstance(w.mlp, MoeWeights) else dense_mlp(h, w.mlp, spec.mlp)
+        if self.tp:  # down's partial sums (every expert's slice, and the shared expert's)
+            h = self.tp.all_reduce(h)
         if w.post_mlp_norm is not None:
             h = norm(h, w.post_mlp_norm, spec.norm)
         if spec.residual.layout == "parallel":  # (mlp + attn) + x, transformers' order of the float sums

@@ -5,9 +5,10 @@ test_cold_start.py), so whether a CUDA GPU is present is asked of the driver lib
 cuDeviceGetCount through ctypes, a few milliseconds), and torch loads only when the backend opens.
 
 Every engine dir qualifies: the backend runs rank0.safetensors (the checkpoint's canonical tensors, which
-every build keeps) with the manifest's model config, not a graph. `auto` picks it where a CUDA GPU is present
-and TensorRT cannot run the engine (preference between the two); on a CPU it runs only when asked
-(`--backend torch`: float32, the CI path).
+every build keeps) with the manifest's model config, not a graph; a tp engine dir (pp=1) runs one rank per
+shard (rank{r}.safetensors) when asked for by name, driven through runner/parallel/ (torch_ranks.py). `auto`
+picks it where a CUDA GPU is present and TensorRT cannot run the engine (preference between the two); on a CPU
+it runs only when asked (`--backend torch`: float32, the CI path).
 """
 
 from __future__ import annotations
@@ -43,10 +44,15 @@ def torch_verdict(manifest: EngineManifest, path: Path, asked: bool) -> tuple[bo
     and why; from the manifest and the host alone (`trtbuild inspect` shows it)."""
     if manifest.model is None or manifest.model.encoder is not None:
         return False, "the torch backend runs decoders built from a checkpoint"
-    if manifest.mapping is not None:
-        return False, "a tp/pp engine dir runs on onnxruntime ranks (the torch backend runs tp=1, pp=1)"
-    if not (path / weights_file(0)).is_file():
-        return False, f"{path / weights_file(0)} (the checkpoint's weights) is missing"
+    mapping = manifest.mapping
+    if mapping is not None and mapping.pp > 1:
+        return False, (f"pp={mapping.pp}: the torch backend runs tensor parallel only (tp, pp=1); run this engine dir "
+                       "with --backend onnxruntime")
+    if mapping is not None and not asked:  # tp ranks run on the torch backend when named (runner/parallel/)
+        return False, f"a tp={mapping.tp} engine dir runs on the torch backend's ranks when asked (--backend torch)"
+    for rank in range(mapping.tp if mapping is not None else 1):
+        if not (path / weights_file(rank)).is_file():
+            return False, f"{path / weights_file(rank)} (the checkpoint's weights) is missing"
     if cuda_devices():
         return True, "PyTorch on the CUDA GPU (no TensorRT runtime can run this engine here)"
     if asked:

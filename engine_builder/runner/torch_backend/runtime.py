@@ -8,6 +8,10 @@
                      [num_blocks, block_size, kv_heads, head_dim] device tensors per layer, and the manager's
                      block copies run here (copy_blocks)
     decode steps     on CUDA, replayed from CUDA graphs captured per batch-size bucket (cuda_graphs.py)
+    tensor parallel  one TorchRuntime per rank, each over its shard with its own pools (its KV heads only), the
+                     decoder's collectives between them (tensor_parallel.py); rank 0's drives the others through
+                     runner/parallel/ (torch_ranks.py), which splits a step here: prepare the KV bookkeeping, then
+                     _step (what every rank runs)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
@@ -50,9 +55,12 @@ class TorchRuntime(Backend):
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> TorchRuntime:
         return cls(engine, threads=threads)
 
-    def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None) -> None:
+    def __init__(self, engine: EngineDir, *, threads: int | None = None, kv_cache_memory: int | None = None,
+                 tp: TensorParallel | None = None, device: torch.device | None = None) -> None:
+        """TP: this rank of a tp engine dir (its shard, its KV heads); DEVICE: where it runs (default: cuda:LOCAL_RANK
+        where CUDA is, else the CPU)."""
         self.engine = engine
-        self.device = torch_device()
+        self.device = device or torch_device()
         if self.device.type == "cpu":  # weights and pool in this machine's RAM, as the twin's
             engine.check_host_memory()
         if self.device.type == "cpu" and threads:
@@ -68,9 +76,10 @@ class TorchRuntime(Backend):
             self._triton = paged_attention_triton
             attention = self._kernel
         self.model = TorchDecoder.from_dir(engine.path, device=self.device, dtype=self.dtype,
-                                           max_positions=lim.max_seq_len, attention=attention)
+                                           max_positions=lim.max_seq_len, attention=attention, tp=tp)
         block = engine.manifest.build.kv_block_size or DEFAULT_BLOCK_SIZE
-        self.layout = PagedKVLayout.of(engine.model, lim.max_seq_len, str(self.dtype).removeprefix("torch."),
+        # self.model.cfg: under tp this rank's heads, so its pools hold its KV heads only
+        self.layout = PagedKVLayout.of(self.model.cfg, lim.max_seq_len, str(self.dtype).removeprefix("torch."),
                                        block_size=block)
         self.vocab_size = engine.model.vocab_size
         self.max_input_len = lim.max_input_len
@@ -97,7 +106,11 @@ class TorchRuntime(Backend):
         self.kv = PagedKVCacheManager.for_layout(self.layout, self.engine.limits.max_batch, kv_cache_memory,
                                                  prefix_cache, host_buffers=False)
         self.kv.pool.copy_blocks = self._copy_blocks
-        shape = (self.kv.pool.num_blocks, self.layout.block_size, self.layout.kv_heads, self.layout.head_dim)
+        self._allocate_pools(self.kv.pool.num_blocks)
+
+    def _allocate_pools(self, num_blocks: int) -> None:
+        """The device pools of NUM_BLOCKS blocks (the KV manager's pool size), and the decode graphs over them."""
+        shape = (num_blocks, self.layout.block_size, self.layout.kv_heads, self.layout.head_dim)
         # zeros: a block never written is finite (the kernel never reads past a context length, the
         # reference path neither; zeros keep a stray read harmless)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
@@ -143,12 +156,15 @@ class TorchRuntime(Backend):
     def forward(self, batch: ModelInput) -> torch.Tensor:
         started = time.perf_counter()
         self.kv.prepare_writes(batch.slots, batch.query_lens)
-        if self._graphs is not None and self._graphs.takes(batch):
-            logits = self._graphs.run(batch)
-        else:
-            logits = self._eager(batch)
+        logits = self._step(batch)
         self.execute_seconds += time.perf_counter() - started
         return logits
+
+    def _step(self, batch: ModelInput) -> torch.Tensor:
+        """The model over BATCH, its blocks in place (prepare_writes done): a decode graph's replay, or eager."""
+        if self._graphs is not None and self._graphs.takes(batch):
+            return self._graphs.run(batch)
+        return self._eager(batch)
 
     def block_tables(self, slots: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
         """[seqs, width] int32: each slot's blocks, width the longest context's block count."""
