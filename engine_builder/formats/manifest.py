@@ -7,6 +7,7 @@
       rank0.engine       serialized TensorRT(-RTX) engine (target tensorrt)
       rank0.safetensors  the checkpoint's weights, which both graphs reference: the engine dir's own
                          copy (a reflink where the filesystem allows), never a link to the checkpoint
+      vision.onnx        vision-language models: the vision tower + projector (formats/vision_spec.py)
       tokenizer files, generation_config.json
 
 `files` records the sha256 and size of every file the engine reads (`verified_files`, as
@@ -30,6 +31,7 @@ from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.ort_prepacked import PREPACKED_MODEL
 from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
+from engine_builder.formats.vision_spec import VISION_MODEL
 from engine_builder.util.errors import ConfigError, InputError
 from engine_builder.util.file_hash import sha256_files
 
@@ -52,9 +54,11 @@ ENGINE_FILE = engine_file(0)
 
 def verified_files(engine_dir: Path) -> list[Path]:
     """The files an engine reads, as present in ENGINE_DIR: its weights, both graphs and the external data
-    beside them (model.onnx.data...), the serialized engines. Tokenizer and config files are not among them."""
+    beside them (model.onnx.data...), the serialized engines, a vision model's vision.onnx. Tokenizer and config
+    files are not among them."""
     def read_by_the_engine(name: str) -> bool:
-        return (name in (ORT_MODEL, TRT_MODEL, PREPACKED_MODEL) or name.endswith((".onnx.data", ".engine"))
+        return (name in (ORT_MODEL, TRT_MODEL, PREPACKED_MODEL, VISION_MODEL)
+                or name.endswith((".onnx.data", ".engine"))
                 or (name.startswith("rank") and name.endswith((".safetensors", ".onnx"))))  # + tp/pp segments
 
     return sorted(f for f in Path(engine_dir).iterdir() if f.is_file() and read_by_the_engine(f.name))
