@@ -56,10 +56,10 @@ LLAVA_VISION_DEFAULTS: dict[str, Any] = {**CLIP_DEFAULTS, "hidden_size": 1024, "
                                          "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336,
                                          "patch_size": 14}
 
-_ACTIVATIONS: dict[str, VisionActivation] = {
+ACTIVATIONS: dict[str, VisionActivation] = {
     "quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu"}
-_RESAMPLE: dict[int, Resample] = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+RESAMPLE: dict[int, Resample] = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
 def _text_map() -> dict[str, Target]:
@@ -90,6 +90,17 @@ _CLIP_LAYER: dict[str, Target] = {
 }
 
 
+def vit_layer_map(prefix: str) -> dict[str, Target]:
+    """A CLIP / SigLIP tower's encoder layers under PREFIX (the two name them alike), q/k/v fused into attn.qkv;
+    listed by number up to MAX_VISION_LAYERS."""
+    out: dict[str, Target] = {}
+    for i in range(MAX_VISION_LAYERS):
+        out |= {f"{prefix}encoder.layers.{i}.{name}": (f"vision.layers.{i}.{target[0]}", target[1])
+                if isinstance(target, tuple) else f"vision.layers.{i}.{target}"
+                for name, target in _CLIP_LAYER.items()}
+    return out
+
+
 def _vision_map() -> dict[str, Target]:
     """The CLIP tower and the projector. The tower's layers are listed by number (the registry's `{layer}` counts
     the text decoder's layers, which a tower may outnumber), up to MAX_VISION_LAYERS."""
@@ -105,10 +116,7 @@ def _vision_map() -> dict[str, Target]:
             prefix + "post_layernorm.weight": None,  # CLIP's pooled output only, which LLaVA never reads
             prefix + "post_layernorm.bias": None,
         }
-        for i in range(MAX_VISION_LAYERS):
-            out |= {f"{prefix}encoder.layers.{i}.{name}": (f"vision.layers.{i}.{target[0]}", target[1])
-                    if isinstance(target, tuple) else f"vision.layers.{i}.{target}"
-                    for name, target in _CLIP_LAYER.items()}
+        out |= vit_layer_map(prefix)
     for prefix in ("multi_modal_projector.", "model.multi_modal_projector."):
         out |= {prefix + f"linear_{n}.{kind}": f"vision.projector.fc{n}.{kind}" for n in (1, 2)
                 for kind in ("weight", "bias")}
@@ -156,17 +164,17 @@ def vision_spec(hf: dict[str, Any], processor: dict[str, Any] | None) -> VisionS
         image_size=image_size, num_channels=vision["num_channels"],
         image_token_id=hf.get("image_token_index", hf.get("image_token_id", 32000)),
         tokens_per_image=patches + (strategy == "full"), layer_norm_eps=float(vision["layer_norm_eps"]),
-        activation=_activation(vision.get("hidden_act"), "vision_config.hidden_act"), feature_layers=layers,
+        activation=activation(vision.get("hidden_act"), "vision_config.hidden_act"), feature_layers=layers,
         feature_select_strategy=strategy,
-        projector_activation=_activation(hf.get("projector_hidden_act", "gelu"), "projector_hidden_act"),
+        projector_activation=activation(hf.get("projector_hidden_act", "gelu"), "projector_hidden_act"),
         projector_bias=bool(hf.get("multimodal_projector_bias", True)),
         processor=image_processor(processor or {}, image_size))
 
 
-def _activation(name: Any, key: str) -> VisionActivation:
-    if name not in _ACTIVATIONS:
-        raise UnsupportedError(f"llava {key} {name!r} is not supported; supported: {', '.join(_ACTIVATIONS)}")
-    return _ACTIVATIONS[name]
+def activation(name: Any, key: str, model: str = "llava") -> VisionActivation:
+    if name not in ACTIVATIONS:
+        raise UnsupportedError(f"{model} {key} {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
 
 
 def image_processor_config(root: Path) -> dict[str, Any] | None:
@@ -202,14 +210,14 @@ def image_processor(config: dict[str, Any], image_size: int) -> ImageProcessorSp
         raise InputError(f"image processor config: size {size!r} / crop_size {crop!r} are not sizes; fix "
                          "preprocessor_config.json")
     resample = config.get("resample", 3)
-    if resample not in _RESAMPLE and resample not in _RESAMPLE.values():
+    if resample not in RESAMPLE and resample not in RESAMPLE.values():
         raise UnsupportedError(f"image processor resample {resample!r} is not one of PIL's filters 0..5")
     defaults = ImageProcessorSpec()
     return ImageProcessorSpec(
         do_convert_rgb=bool(config.get("do_convert_rgb", True)), do_pad=bool(config.get("do_pad", False)),
         do_resize=bool(config.get("do_resize", True)), shortest_edge=size.get("shortest_edge"),
         height=size.get("height"), width=size.get("width"),
-        resample=_RESAMPLE.get(resample, resample),
+        resample=RESAMPLE.get(resample, resample),
         do_center_crop=bool(config.get("do_center_crop", True)),
         crop_height=crop.get("height", image_size), crop_width=crop.get("width", image_size),
         do_rescale=bool(config.get("do_rescale", True)),

@@ -1,4 +1,4 @@
-"""Vision-language models (LLaVA family): the vision tower, its projector, their tensors and the vision graph's I/O.
+"""Vision-language models (LLaVA, Gemma 3): the vision tower, its projector, their tensors and the vision graph's I/O.
 
 A vision-language checkpoint is a decoder ModelConfig whose `vision` is set: the text decoder's tensors keep
 their usual canonical names (the decoder graph and every runtime read them unchanged) and the vision tower and
@@ -13,7 +13,19 @@ the multi-modal projector sit beside them under `vision.*`. What the vision grap
 transformers' `get_image_features` (models/llava/modeling_llava.py) is the reference: `vision_feature_layer`
 indexes hidden_states (negative from the end, -2 the output of the second-to-last layer), a list of them is
 concatenated along the features. Layers past the deepest selected one, and the tower's post-norm (it feeds only
-CLIP's pooled output), are not computed. The graph (network/vision_encoder.py):
+CLIP's pooled output), are not computed.
+
+A SigLIP tower (Gemma 3's; transformers' models/siglip) has no class token and no pre-norm, a bias on its patch
+convolution and a position per patch; Gemma 3 reads its last_hidden_state, the last layer's output through the
+tower's post_layernorm (`post_norm`). Gemma 3's projector (`projector="pool_norm"`, Gemma3MultiModalProjector in
+models/gemma3/modeling_gemma3.py; the reference is its `get_image_features`):
+
+    x = [patches(Conv P x P + bias, stride P)] + position            [images, patches, hidden]
+    per layer as CLIP's;  f = post_norm(hidden_states[-1])
+    g = avg_pool(f as a side x side grid, kernel = stride = side / tokens_side)   [images, tokens_per_image, hidden]
+    image_features = (rms_norm(g) * (1 + projector.norm)) @ projector.proj^T      [images, tokens_per_image, text]
+
+The graph (network/vision_encoder.py):
 
     pixel_values    float32 [images, channels, image_size, image_size]   as the image processor makes them
     ->
@@ -31,7 +43,9 @@ from typing import Literal, get_args
 
 from engine_builder.util.errors import ConfigError
 
-VisionTower = Literal["clip"]
+VisionTower = Literal["clip", "siglip"]  # clip: class token + pre-norm; siglip: neither, a patch bias
+VisionProjector = Literal["mlp", "pool_norm"]  # mlp: llava's fc1 -> act -> fc2; pool_norm: Gemma 3's
+ImageAttention = Literal["causal", "bidirectional"]  # how the decoder's prefill attends within one image's tokens
 VisionActivation = Literal["quick_gelu", "gelu", "gelu_tanh", "relu", "silu"]
 FeatureSelect = Literal["default", "full"]  # default: crop the class token; full: keep it
 Resample = Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"]  # PIL's filters
@@ -100,7 +114,8 @@ class ImageProcessorSpec:
 
 @dataclass(frozen=True)
 class VisionSpec:
-    """The vision tower (a ViT: CLIP), which of its hidden states feed the projector, the projector, the image token."""
+    """The vision tower (a ViT: CLIP or SigLIP), which of its hidden states feed the projector, the projector, the
+    image token."""
 
     hidden_size: int
     intermediate_size: int
@@ -109,7 +124,9 @@ class VisionSpec:
     patch_size: int
     image_size: int
     image_token_id: int  # the text token each image feature replaces (HF image_token_index)
-    tokens_per_image: int  # image features per image: patches, plus the class token with the "full" strategy
+    # image features per image: patches, plus the class token with the "full" strategy (mlp projector); the
+    # pooled grid's cells (pool_norm: Gemma 3's mm_tokens_per_image, a square dividing the patch grid)
+    tokens_per_image: int
     tower: VisionTower = "clip"
     num_channels: int = 3
     layer_norm_eps: float = 1e-5
@@ -118,8 +135,16 @@ class VisionSpec:
     # negative from the end); one index or several whose features are concatenated
     feature_layers: tuple[int, ...] = (-2,)
     feature_select_strategy: FeatureSelect = "default"  # HF vision_feature_select_strategy
-    projector_activation: VisionActivation = "gelu"
-    projector_bias: bool = True
+    post_norm: bool = False  # the features go through the tower's post_layernorm (SigLIP's last_hidden_state)
+    projector: VisionProjector = "mlp"
+    projector_activation: VisionActivation = "gelu"  # mlp only
+    projector_bias: bool = True  # mlp only
+    # the decoder's prefill over one image's tokens: causal (llava), or each of them sees the whole image (Gemma 3's
+    # token_type_ids block mask: OR(causal, same image), inside the sliding window on local layers)
+    image_attention: ImageAttention = "causal"
+    # tokens the processor puts around each image's image tokens (Gemma 3's boi / eoi); None: none
+    image_start_token_id: int | None = None
+    image_end_token_id: int | None = None
     processor: ImageProcessorSpec = field(default_factory=ImageProcessorSpec)
 
     @property
@@ -130,9 +155,23 @@ class VisionSpec:
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
+    @property
+    def class_token(self) -> bool:
+        """A class token before the patches (and a pre-norm after the embeddings): CLIP's; SigLIP has neither."""
+        return self.tower == "clip"
+
+    @property
+    def num_positions(self) -> int:
+        return self.num_patches + self.class_token
+
+    @property
+    def pool_kernel(self) -> int:
+        """pool_norm: the average pool's kernel (and stride) over the patch grid's side."""
+        return (self.image_size // self.patch_size) // math.isqrt(self.tokens_per_image)
+
     def expected_tokens(self) -> int:
-        """What tokens_per_image must be: every patch, and the class token unless the strategy crops it."""
-        return self.num_patches + (self.feature_select_strategy == "full")
+        """What tokens_per_image must be (mlp): every patch, and the class token unless the strategy crops it."""
+        return self.num_patches + (self.class_token and self.feature_select_strategy == "full")
 
     def hidden_state_indices(self) -> tuple[int, ...]:
         """feature_layers as non-negative indices into hidden_states (num_layers + 1 of them)."""
@@ -161,7 +200,8 @@ class VisionSpec:
                               f"[0, {vocab_size})")
         if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
             raise ConfigError(f"{where}.layer_norm_eps must be a positive finite number, got {self.layer_norm_eps}")
-        for name, value, kinds in (("tower", self.tower, VisionTower),
+        for name, value, kinds in (("tower", self.tower, VisionTower), ("projector", self.projector, VisionProjector),
+                                   ("image_attention", self.image_attention, ImageAttention),
                                    ("activation", self.activation, VisionActivation),
                                    ("projector_activation", self.projector_activation, VisionActivation),
                                    ("feature_select_strategy", self.feature_select_strategy, FeatureSelect)):
@@ -170,9 +210,22 @@ class VisionSpec:
         if not self.feature_layers or not all(0 <= i <= self.num_layers for i in self.hidden_state_indices()):
             raise ConfigError(f"{where}.feature_layers {list(self.feature_layers)} must name hidden states of a "
                               f"{self.num_layers}-layer tower (0..{self.num_layers}, or -1..-{self.num_layers + 1})")
-        if self.tokens_per_image != self.expected_tokens():
+        for name in ("image_start_token_id", "image_end_token_id"):
+            if (value := getattr(self, name)) is not None and not 0 <= value < vocab_size:
+                raise ConfigError(f"{where}.{name} {value} is outside the vocabulary [0, {vocab_size})")
+        if self.post_norm and (self.class_token or self.hidden_state_indices() != (self.num_layers,)):
+            raise ConfigError(f"{where}.post_norm reads the last hidden state of a siglip tower only "
+                              f"(feature_layers [-1]); got a {self.tower} tower, {list(self.feature_layers)}")
+        if self.projector == "mlp" and self.tokens_per_image != self.expected_tokens():
             raise ConfigError(f"{where}.tokens_per_image {self.tokens_per_image} does not match {self.num_patches} "
                               f"patches with the {self.feature_select_strategy!r} strategy ({self.expected_tokens()})")
+        if self.projector == "pool_norm":
+            side, tokens_side = self.image_size // self.patch_size, math.isqrt(self.tokens_per_image)
+            if (tokens_side ** 2 != self.tokens_per_image or side % tokens_side or self.class_token
+                    or len(self.feature_layers) != 1):
+                raise ConfigError(f"{where}.tokens_per_image {self.tokens_per_image} must be a square whose side "
+                                  f"divides the {side}x{side} patch grid, pooled from one hidden state of a tower "
+                                  f"without a class token (pool_norm projector)")
         self.processor.validate(self.num_channels)
         if (size := self.processor.output_size()) is not None and size != (self.image_size, self.image_size):
             raise ConfigError(f"{where}.processor makes {size[0]}x{size[1]} images but the tower takes "
@@ -185,13 +238,14 @@ Shapes = dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]
 def vision_shapes(spec: VisionSpec, text_hidden: int) -> Shapes:
     """The tower's and projector's canonical tensors -> (shape, rows of each fused part or None), in file order."""
     h, inter, p = spec.hidden_size, spec.intermediate_size, spec.patch_size
-    shapes: Shapes = {
-        "vision.embed.class": ((h,), None),
-        "vision.embed.patch.weight": ((h, spec.num_channels, p, p), None),  # a Conv of stride p, no bias
-        "vision.embed.position.weight": ((spec.num_patches + 1, h), None),
-        "vision.pre_norm.weight": ((h,), None),
-        "vision.pre_norm.bias": ((h,), None),
-    }
+    shapes: Shapes = {"vision.embed.patch.weight": ((h, spec.num_channels, p, p), None)}  # a Conv of stride p
+    if spec.class_token:  # CLIP: a class token, no patch bias, a pre-norm
+        shapes["vision.embed.class"] = ((h,), None)
+    else:  # SigLIP: a patch bias
+        shapes["vision.embed.patch.bias"] = ((h,), None)
+    shapes["vision.embed.position.weight"] = ((spec.num_positions, h), None)
+    if spec.class_token:
+        shapes |= {"vision.pre_norm.weight": ((h,), None), "vision.pre_norm.bias": ((h,), None)}
     for i in range(spec.num_layers):
         q = f"vision.layers.{i}."
         shapes |= {
@@ -208,7 +262,13 @@ def vision_shapes(spec: VisionSpec, text_hidden: int) -> Shapes:
             q + "mlp.down.weight": ((h, inter), None),
             q + "mlp.down.bias": ((h,), None),
         }
+    if spec.post_norm:
+        shapes |= {"vision.post_norm.weight": ((h,), None), "vision.post_norm.bias": ((h,), None)}
     features = h * len(spec.feature_layers)
+    if spec.projector == "pool_norm":  # Gemma 3: its RMSNorm's weight (used as 1 + w), then [text, vision] (no bias)
+        shapes["vision.projector.norm.weight"] = ((features,), None)
+        shapes["vision.projector.proj.weight"] = ((text_hidden, features), None)
+        return shapes
     shapes["vision.projector.fc1.weight"] = ((text_hidden, features), None)
     if spec.projector_bias:
         shapes["vision.projector.fc1.bias"] = ((text_hidden,), None)

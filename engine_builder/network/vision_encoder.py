@@ -1,4 +1,5 @@
-"""The vision graph of a vision-language model (LLaVA): the CLIP tower and the multi-modal projector.
+"""The vision graph of a vision-language model: the vision tower (CLIP, SigLIP) and the multi-modal projector
+(LLaVA's MLP, Gemma 3's pool + norm + projection), each chosen by the VisionSpec's kind.
 
 What it computes and its I/O: formats/vision_spec.py. Its own graph beside the decoder's, so images are encoded
 once per request (and their features cached by content) while the decoder steps tokens; images per call is the
@@ -23,7 +24,7 @@ from engine_builder.network.decoder import DTYPES, IR_VERSION, OPSET
 from engine_builder.network.encoder import META_GRAPH
 from engine_builder.network.export import save_graph
 from engine_builder.network.linear import linear
-from engine_builder.network.norms import layer_norm
+from engine_builder.network.norms import layer_norm, rms_norm
 from engine_builder.network.options import NetworkOptions
 from engine_builder.network.weights import CheckpointWeights, link_weights
 from engine_builder.util.errors import InputError
@@ -53,22 +54,24 @@ def build_vision_encoder(ckpt_dir: Path, options: NetworkOptions = NetworkOption
                             shape=ir.Shape([io.IMAGES, spec.num_channels, size, size]))
     with b.scope("vision.embed"):
         x = _embeddings(b, w, pixel_values if dtype == FLOAT else b.cast(pixel_values, dtype), spec)
-    # hidden_states[0]: the pre-normed embeddings; [i + 1]: layer i's output (transformers' numbering)
-    hidden_states = [layer_norm(b, x, w["vision.pre_norm.weight"], w["vision.pre_norm.bias"], spec.layer_norm_eps,
-                                name="vision.pre_norm")]
+    # hidden_states[0]: the (CLIP: pre-normed) embeddings; [i + 1]: layer i's output (transformers' numbering)
+    if spec.class_token:
+        x = layer_norm(b, x, w["vision.pre_norm.weight"], w["vision.pre_norm.bias"], spec.layer_norm_eps,
+                       name="vision.pre_norm")
+    hidden_states = [x]
     for i in range(spec.layers_computed()):
         with b.scope(f"vision.layers.{i}"):
             hidden_states.append(_layer(b, w, hidden_states[-1], spec, i))
     with b.scope("vision.select"):
         selected = [hidden_states[i] for i in spec.hidden_state_indices()]
-        if spec.feature_select_strategy == "default":  # crop the class token
+        if spec.class_token and spec.feature_select_strategy == "default":  # crop the class token
             selected = [b.op("Slice", s, b.ints([1]), b.ints([spec.num_patches + 1]), b.ints([1])) for s in selected]
         features = selected[0] if len(selected) == 1 else b.op("Concat", *selected, axis=-1)
+    if spec.post_norm:  # SigLIP's last_hidden_state
+        features = layer_norm(b, features, w["vision.post_norm.weight"], w["vision.post_norm.bias"],
+                              spec.layer_norm_eps, name="vision.post_norm")
     with b.scope("vision.projector"):
-        bias = spec.projector_bias
-        h = linear(b, w, features, "vision.projector.fc1", w["vision.projector.fc1.bias"] if bias else None)
-        h = _ACTIVATIONS[spec.projector_activation](b, h)
-        h = linear(b, w, h, "vision.projector.fc2", w["vision.projector.fc2.bias"] if bias else None)
+        h = _PROJECTORS[spec.projector](b, w, features, spec)
     out = h if dtype == FLOAT else b.cast(h, FLOAT)
     out.name = io.IMAGE_FEATURES
     out.dtype, out.shape = FLOAT, ir.Shape([io.IMAGES, spec.tokens_per_image, cfg.hidden_size])
@@ -100,11 +103,15 @@ def write_vision_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = N
 
 
 def _embeddings(b: GraphBuilder, w: CheckpointWeights, pixels: ir.Value, spec: VisionSpec) -> ir.Value:
-    """pixels [images, channels, size, size] -> [class; patches] + positions, [images, 1 + patches, hidden]."""
+    """pixels [images, channels, size, size] -> [class; patches] + positions, [images, 1 + patches, hidden]; a tower
+    without a class token (SigLIP): patches (their Conv with a bias) + positions, [images, patches, hidden]."""
     h, p = spec.hidden_size, spec.patch_size
-    patches = b.op("Conv", pixels, w["vision.embed.patch.weight"], kernel_shape=[p, p], strides=[p, p])
+    bias = () if spec.class_token else (w["vision.embed.patch.bias"],)
+    patches = b.op("Conv", pixels, w["vision.embed.patch.weight"], *bias, kernel_shape=[p, p], strides=[p, p])
     patches = b.op("Reshape", patches, b.ints([0, h, spec.num_patches]))  # [images, hidden, patches]
     patches = b.op("Transpose", patches, perm=[0, 2, 1])  # [images, patches, hidden], row-major over the grid
+    if not spec.class_token:
+        return b.op("Add", patches, w["vision.embed.position.weight"])  # positions [patches, hidden], broadcast
     images = b.op("Shape", pixels, start=0, end=1)
     cls = b.op("Reshape", w["vision.embed.class"], b.ints([1, 1, h]))
     cls = b.op("Expand", cls, b.op("Concat", images, b.ints([1, h]), axis=0))  # [images, 1, hidden]
@@ -136,6 +143,27 @@ def _layer(b: GraphBuilder, w: CheckpointWeights, x: ir.Value, spec: VisionSpec,
         m = linear(b, w, m, p + "mlp.down", w[p + "mlp.down.bias"])
     return b.op("Add", x, m, name="mlp_residual")
 
+
+def _mlp_projector(b: GraphBuilder, w: CheckpointWeights, features: ir.Value, spec: VisionSpec) -> ir.Value:
+    """LLaVA's: fc2(act(fc1(features))), [images, tokens, features] -> [images, tokens, text hidden]."""
+    bias = spec.projector_bias
+    h = linear(b, w, features, "vision.projector.fc1", w["vision.projector.fc1.bias"] if bias else None)
+    h = _ACTIVATIONS[spec.projector_activation](b, h)
+    return linear(b, w, h, "vision.projector.fc2", w["vision.projector.fc2.bias"] if bias else None)
+
+
+def _pool_norm_projector(b: GraphBuilder, w: CheckpointWeights, features: ir.Value, spec: VisionSpec) -> ir.Value:
+    """Gemma 3's (Gemma3MultiModalProjector): the patch grid average-pooled to tokens_per_image cells, Gemma's
+    RMSNorm (1 + w, in float32), a projection without bias; [images, patches, hidden] -> [images, tokens, text]."""
+    side, k, h = spec.image_size // spec.patch_size, spec.pool_kernel, spec.hidden_size
+    grid = b.op("Reshape", b.op("Transpose", features, perm=[0, 2, 1]), b.ints([0, h, side, side]))
+    pooled = b.op("AveragePool", grid, kernel_shape=[k, k], strides=[k, k])  # [images, hidden, side/k, side/k]
+    pooled = b.op("Transpose", b.op("Reshape", pooled, b.ints([0, h, spec.tokens_per_image])), perm=[0, 2, 1])
+    normed = rms_norm(b, pooled, w["vision.projector.norm.weight"], spec.layer_norm_eps, offset=1.0, name="norm")
+    return linear(b, w, normed, "vision.projector.proj")
+
+
+_PROJECTORS = {"mlp": _mlp_projector, "pool_norm": _pool_norm_projector}  # VisionProjector -> its graph
 
 # VisionActivation -> its ops (transformers' ACT2FN of the same name)
 _ACTIVATIONS = {

@@ -1,0 +1,140 @@
+"""Gemma 3: a tiny random Gemma3ForConditionalGeneration (SigLIP tower, 2 layers; tiny gemma3 text model) made in
+code, converted; the vision graph's features (tower, post-norm, pooled grid, (1 + w) RMSNorm, projection) against
+transformers' get_image_features, and the built text decoder's greedy tokens against transformers' generate on a
+text-only prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from tiny_gemma3 import BOI_TOKEN, EOI_TOKEN, IMAGE_SIZE, IMAGE_TOKEN, PATCH, TOKENS_PER_IMAGE, tiny_gemma3
+from tiny_models import COMMON
+
+from converters.archs.gemma3 import Gemma3Converter, Gemma3TextConverter
+from converters.convert import convert
+from engine_builder import LLM, SamplingParams
+from engine_builder.build.pipeline import build
+from engine_builder.formats.build_config import BuildConfig, Limits
+from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
+from engine_builder.formats.manifest import EngineManifest
+from engine_builder.network.vision_encoder import write_vision_onnx
+from engine_builder.util.errors import ConfigError, UnsupportedError
+
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("gemma3")
+    hf_dir = tiny_gemma3(root / "hf")
+    result = convert(hf_dir, root / "ckpt", dtype="float32")
+    assert list(result.dropped) == []  # every tensor kept: the tower's post-norm is read, Gemma 3 has no head
+    return hf_dir, root / "ckpt"
+
+
+def _hf(hf_dir: Path) -> transformers.Gemma3ForConditionalGeneration:
+    return transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def test_vision_spec_and_processor_from_the_hf_dir(gemma3):
+    hf_dir, ckpt = gemma3
+    model = CheckpointConfig.load(ckpt).model  # saved and read back through config.json
+    v = model.vision
+    assert model.architecture == "gemma3" and v is not None
+    assert (v.tower, v.hidden_size, v.intermediate_size, v.num_layers, v.num_heads, v.patch_size, v.image_size) == (
+        "siglip", 32, 48, 2, 4, PATCH, IMAGE_SIZE)
+    assert (v.activation, v.layer_norm_eps, v.post_norm, v.projector, v.feature_layers) == (
+        "gelu_tanh", 1e-6, True, "pool_norm", (-1,))
+    assert (v.image_token_id, v.tokens_per_image, v.image_start_token_id, v.image_end_token_id) == (
+        IMAGE_TOKEN, TOKENS_PER_IMAGE, BOI_TOKEN, EOI_TOKEN)
+    assert v.image_attention == "bidirectional"
+    p = v.processor
+    assert (p.do_resize, p.height, p.width, p.shortest_edge, p.do_center_crop, p.resample) == (
+        True, IMAGE_SIZE, IMAGE_SIZE, None, False, "bilinear")
+    assert (p.do_convert_rgb, p.image_mean, p.image_std, p.rescale_factor) == (True, (0.5,) * 3, (0.5,) * 3, 1 / 255)
+    # the text decoder is gemma3_text's, unchanged
+    hf = transformers.Gemma3Config.from_pretrained(hf_dir)
+    text = Gemma3TextConverter.config_from_hf(hf.text_config.to_dict())
+    assert (model.block, model.rope, model.hidden_size, model.vocab_size) == (
+        text.block, text.rope, COMMON["hidden_size"], COMMON["vocab_size"])
+
+
+def test_every_tensor_mapped_and_the_projection_transposed(gemma3):
+    hf_dir, ckpt = gemma3
+    with safe_open(hf_dir / "model.safetensors", "pt") as src, safe_open(ckpt / "rank0.safetensors", "pt") as out:
+        names = set(out.keys())
+        assert {n for n in names if n.startswith("vision.")} == {
+            n for n in expected_shapes(CheckpointConfig.load(ckpt).model) if n.startswith("vision.")}
+        assert "vision.embed.class" not in names and "vision.pre_norm.weight" not in names  # SigLIP has neither
+        torch.testing.assert_close(out.get_tensor("vision.projector.proj.weight"),
+                                   src.get_tensor("multi_modal_projector.mm_input_projection_weight").t(),
+                                   rtol=0, atol=0)
+        want = torch.cat([src.get_tensor(f"vision_tower.encoder.layers.1.self_attn.{n}_proj.weight") for n in "qkv"])
+        torch.testing.assert_close(out.get_tensor("vision.layers.1.attn.qkv.weight"), want, rtol=0, atol=0)
+
+
+def test_vision_features_match_transformers(gemma3, tmp_path):
+    """The vision graph on onnxruntime vs get_image_features (SigLIP's last_hidden_state through the projector)."""
+    hf_dir, ckpt = gemma3
+    path = write_vision_onnx(ckpt, tmp_path / "vision")
+    pixels = np.random.default_rng(3).standard_normal((3, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32)  # 3 images
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": pixels})[0]
+    with torch.no_grad():
+        want = _hf(hf_dir).get_image_features(torch.from_numpy(pixels)).pooler_output.numpy()
+    assert got.shape == want.shape == (3, TOKENS_PER_IMAGE, COMMON["hidden_size"])
+    assert np.abs(want).max() > 0.5  # features of a real size, where a wrong norm or pooling shows
+    assert np.abs(want[0] - want[1]).max() > 0.1  # and different images give different features
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def test_text_only_greedy_generation_matches_transformers(gemma3, tmp_path):
+    hf_dir, ckpt = gemma3
+    engine = tmp_path / "engine"
+    build(ckpt, engine, BuildConfig(targets=("onnxruntime",), dtype="float32",
+                                    limits=Limits(max_batch=1, max_input_len=32, max_seq_len=64)))
+    assert EngineManifest.load(engine).model.vision == CheckpointConfig.load(ckpt).model.vision
+    prompt = np.random.default_rng(7).integers(3, BOI_TOKEN, 20).tolist()  # no image tokens
+    hf = _hf(hf_dir)
+    hf.generation_config.eos_token_id = None  # random weights may emit EOS; compare every step
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=STEPS, pad_token_id=0,
+                           output_logits=True, return_dict_in_generate=True)
+    want_tokens = want.sequences[0, len(prompt):].tolist()
+    want_logprobs = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(want.logits, want_tokens, strict=True)]
+    with LLM(engine, backend="onnxruntime") as llm:
+        got = llm.generate(prompt_token_ids=[prompt], params=SamplingParams(
+            temperature=0, max_new_tokens=STEPS, ignore_eos=True, logprobs=0))[0]
+    assert list(got.token_ids) == want_tokens
+    assert len(set(want_tokens)) > STEPS // 2  # a varied continuation, not one token repeated
+    np.testing.assert_allclose([lp.logprob for lp in got.logprobs], want_logprobs, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(mm_tokens_per_image=8), UnsupportedError, "not a square"),
+    (dict(mm_tokens_per_image=9), UnsupportedError, "divides the 4x4 patch grid"),
+    (dict(vision_config=dict(model_type="clip_vision_model")), UnsupportedError, "'clip_vision_model' vision tower"),
+    (dict(vision_config=dict(hidden_act="tanh")), UnsupportedError, "hidden_act 'tanh'"),
+    (dict(vision_config=dict(image_size=[56, 28])), UnsupportedError, "only square images"),
+    (dict(image_token_index=400), ConfigError, "image_token_id 400 is outside the vocabulary"),
+])
+def test_configs_the_graph_cannot_take_are_refused_in_one_line(gemma3, change, error, words):
+    hf_dir, _ = gemma3
+    hf = transformers.Gemma3Config.from_pretrained(hf_dir).to_dict()
+    for key, value in change.items():
+        hf[key] = {**hf[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(error) as info:
+        Gemma3Converter.config_from_hf(hf).validate()
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_pan_and_scan_is_refused():
+    from converters.archs.gemma3 import image_processor
+    with pytest.raises(UnsupportedError, match="do_pan_and_scan"):
+        image_processor({"do_pan_and_scan": True}, IMAGE_SIZE)
