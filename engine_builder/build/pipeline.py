@@ -89,7 +89,9 @@ def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dic
                 profile[value.name] = ((1, *rest), (1, *rest), (lim.max_batch, *rest))
             elif value.name == io.PAST_LENGTHS:
                 profile[value.name] = ((1,), (1,), (lim.max_batch,))
-            else:  # input_ids, position_ids: [batch, seq]
+            elif value.name == io.IMAGE_EMBEDS:  # a vision model's [batch, seq, hidden]
+                profile[value.name] = tuple((*shape, int(value.shape[2])) for shape in seq_range)
+            else:  # input_ids, position_ids, a vision model's image_mask: [batch, seq]
                 profile[value.name] = seq_range
     return tuple(profiles)
 

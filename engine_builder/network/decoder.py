@@ -64,12 +64,18 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
         extra_inputs = [_input(io.BLOCK_TABLE, INT64, [io.BATCH, io.MAX_BLOCKS])]
     past = [(_input(past_names[0](i), kv_dtype, kv_shape), _input(past_names[1](i), kv_dtype, kv_shape))
             for i in range(cfg.num_layers)]
+    image_inputs: list[ir.Value] = []
+    if cfg.vision is not None:  # vision-language: image features replace the image tokens' embeddings (graph_io)
+        image_inputs = [_input(io.IMAGE_EMBEDS, FLOAT, [io.BATCH, io.SEQ, cfg.hidden_size]),
+                        _input(io.IMAGE_MASK, ir.DataType.BOOL, [io.BATCH, io.SEQ])]
 
     with b.scope("embed"):
         hidden = b.op("Gather", w["embed.weight"], input_ids, axis=0)  # [batch, seq, hidden]
         if cfg.embedding_multiplier != 1.0:
             # gemma: a constant in the model dtype, as transformers rounds sqrt(hidden) to it
             hidden = b.op("Mul", hidden, b.const(cfg.embedding_multiplier))
+        if image_inputs:
+            hidden = _splice_images(b, hidden, *image_inputs)
         if cfg.position_embedding == "learned":  # gpt2: token + position embeddings
             hidden = b.op("Add", hidden, b.op("Gather", w["pos_embed.weight"], position_ids, axis=0))
 
@@ -114,7 +120,8 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
     logits.shape = ir.Shape([io.BATCH, tail, cfg.vocab_size])
 
     graph = ir.Graph(
-        inputs=[input_ids, position_ids, past_lengths, *extra_inputs, *(v for pair in past for v in pair)],
+        inputs=[input_ids, position_ids, past_lengths, *extra_inputs, *(v for pair in past for v in pair),
+                *image_inputs],
         outputs=[logits, *presents], nodes=b.tape.nodes, initializers=b.initializers,
         opset_imports={"": OPSET}, name=f"{cfg.architecture}_decoder")
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="trtbuild", producer_version=__version__)
@@ -139,6 +146,16 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
 
 def _input(name: str, dtype: ir.DataType, shape: list) -> ir.Value:
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+
+
+def _splice_images(b: GraphBuilder, embeds: ir.Value, image_embeds: ir.Value, image_mask: ir.Value) -> ir.Value:
+    """transformers' llava: inputs_embeds.masked_scatter(image positions, image features cast to its dtype), after
+    get_input_embeddings() (gemma3's scale is inside that module, so it applies to text rows only) and before the
+    decoder body (where gpt2's learned positions are added). The runtime places each feature row at its position,
+    so masked_scatter's running index is a plain select here."""
+    features = image_embeds if b.dtype == FLOAT else b.cast(image_embeds, b.dtype)  # [batch, seq, hidden]
+    mask = b.op("Unsqueeze", image_mask, b.ints([-1]))  # [batch, seq, 1]
+    return b.op("Where", mask, features, embeds, name="splice_images")  # [batch, seq, hidden]
 
 
 def _rotaries(b: GraphBuilder, position_ids: ir.Value, cfg: ModelConfig) -> dict[LayerType, RotaryTables]:
