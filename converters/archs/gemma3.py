@@ -51,6 +51,13 @@ def _language_model(weight_map: dict[str, Target], prefix: str) -> dict[str, Tar
     return {prefix + k.removeprefix("model."): v for k, v in weight_map.items() if k != "lm_head.weight"}
 
 
+# Gemma3TextConfig's defaults of the keys the text converter reads (sliding_window_pattern 6 is its own default)
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                                            num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                                            head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                                            max_position_embeddings=131072, rms_norm_eps=1e-6,
+                                            query_pre_attn_scalar=256, sliding_window=4096)
+GEMMA3_ROPE_4: dict[str, Any] = dict(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)  # transformers 4's keys
 # SiglipVisionConfig's defaults of the keys read here (a transformers 4 config.json saves a diff against them)
 SIGLIP_DEFAULTS: dict[str, Any] = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                                        num_attention_heads=12, num_channels=3, image_size=224, patch_size=16,
@@ -103,8 +110,11 @@ class Gemma3Converter(Converter):
 
     @classmethod
     def config_from_source(cls, hf: dict[str, Any], root: Path | None) -> ModelConfig:
-        text = {"tie_word_embeddings": hf.get("tie_word_embeddings", True), **hf.get("text_config", {})}
-        text.setdefault("vocab_size", 262208)
+        given = hf.get("text_config") or {}
+        # a transformers 4 config.json saves text_config as a diff against Gemma3TextConfig (google/gemma-3-4b-it's
+        # has no heads, head_dim or rope bases): its defaults for what it leaves out
+        defaults = GEMMA3_TEXT_DEFAULTS if "rope_parameters" in given else {**GEMMA3_TEXT_DEFAULTS, **GEMMA3_ROPE_4}
+        text = {**defaults, "tie_word_embeddings": hf.get("tie_word_embeddings", True), **given}
         cfg = Gemma3TextConverter.config_from_hf(text)
         vision = vision_spec(hf, image_processor_config(root) if root is not None else None)
         return dataclasses.replace(cfg, architecture=cls.model_type, vision=vision)

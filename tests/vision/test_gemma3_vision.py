@@ -12,11 +12,22 @@ import onnxruntime as ort
 import pytest
 import torch
 import transformers
+from PIL import Image
 from safetensors import safe_open
-from tiny_gemma3 import BOI_TOKEN, EOI_TOKEN, IMAGE_SIZE, IMAGE_TOKEN, PATCH, TOKENS_PER_IMAGE, tiny_gemma3
+from tiny_gemma3 import (
+    BOI_TOKEN,
+    EOI_TOKEN,
+    IMAGE_SIZE,
+    IMAGE_TOKEN,
+    PATCH,
+    PREPROCESSOR,
+    TOKENS_PER_IMAGE,
+    tiny_gemma3,
+)
 from tiny_models import COMMON
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-from converters.archs.gemma3 import Gemma3Converter, Gemma3TextConverter
+from converters.archs.gemma3 import Gemma3Converter, Gemma3TextConverter, image_processor
 from converters.convert import convert
 from engine_builder import LLM, SamplingParams
 from engine_builder.build.pipeline import build
@@ -24,6 +35,8 @@ from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
 from engine_builder.formats.manifest import EngineManifest
 from engine_builder.network.vision_encoder import write_vision_onnx
+from engine_builder.runner.vision.image_processor import preprocess
+from engine_builder.runner.vision.images import ImageLimits, load_image
 from engine_builder.util.errors import ConfigError, UnsupportedError
 
 STEPS = 16
@@ -135,6 +148,54 @@ def test_configs_the_graph_cannot_take_are_refused_in_one_line(gemma3, change, e
 
 
 def test_pan_and_scan_is_refused():
-    from converters.archs.gemma3 import image_processor
     with pytest.raises(UnsupportedError, match="do_pan_and_scan"):
         image_processor({"do_pan_and_scan": True}, IMAGE_SIZE)
+
+
+# google/gemma-3-4b-it's config.json as transformers 4 saved it: text_config and vision_config as diffs against
+# their classes (no heads, head_dim or rope bases in text_config)
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+
+
+def test_a_transformers_4_config_reads_as_transformers_reads_it():
+    """Gemma 3 4B's diffed config.json: the text model as transformers fills it in (its defaults for the heads,
+    head_dim, rope bases), the SigLIP So400m tower pooled 64x64 -> 16x16."""
+    cfg = Gemma3Converter.config_from_hf(GEMMA3_4B)
+    cfg.validate()
+    hf = transformers.Gemma3Config.from_dict(GEMMA3_4B)
+    text = Gemma3TextConverter.config_from_hf(hf.text_config.to_dict())
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers, cfg.vocab_size) == (8, 4, 256, 34, 262208)
+    assert (cfg.block, cfg.rope, cfg.embedding_multiplier) == (text.block, text.rope, text.embedding_multiplier)
+    assert (cfg.rope.theta, cfg.rope.local_theta, cfg.rope.scaling.factor) == (1e6, 1e4, 8.0)
+    v = cfg.vision
+    assert (v.hidden_size, v.num_layers, v.image_size, v.patch_size, v.tokens_per_image, v.pool_kernel) == (
+        1152, 27, 896, 14, 256, 4)
+    assert (v.image_token_id, v.image_start_token_id, v.image_end_token_id) == (262144, 255999, 256000)
+
+
+@pytest.mark.parametrize("width, height, mode", [(64, 40, "RGB"), (33, 71, "RGBA"), (45, 30, "L")])
+def test_runtime_pixels_equal_gemma3s_image_processor(gemma3, width, height, mode):
+    """The converted processor spec through the runtime's preprocessing vs transformers' Gemma3ImageProcessorPil
+    from the same preprocessor_config.json: a resize to exactly the tower's size, no crop, mean / std 0.5."""
+    _, ckpt = gemma3
+    rng = np.random.default_rng(width)
+    bands = len(Image.new(mode, (1, 1)).getbands())
+    pixels = rng.integers(0, 256, (height, width, bands), np.uint8)
+    image = Image.fromarray(pixels[..., 0] if bands == 1 else pixels, mode)
+    hf = Gemma3ImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if v is not None and k not in (
+        "image_processor_type", "processor_class", "image_seq_length")})
+    want = hf(images=image, return_tensors="np")["pixel_values"][0]
+    got = preprocess(load_image(image, ImageLimits()), CheckpointConfig.load(ckpt).model.vision.processor)
+    assert got.shape == want.shape == (3, IMAGE_SIZE, IMAGE_SIZE)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
