@@ -14,6 +14,7 @@ import torch
 import transformers
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import save_file
 from tiny_gemma3 import (
     BOI_TOKEN,
     EOI_TOKEN,
@@ -199,3 +200,49 @@ def test_runtime_pixels_equal_gemma3s_image_processor(gemma3, width, height, mod
     got = preprocess(load_image(image, ImageLimits()), CheckpointConfig.load(ckpt).model.vision.processor)
     assert got.shape == want.shape == (3, IMAGE_SIZE, IMAGE_SIZE)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+# what transformers 5 saves -> the hub's transformers 4 names (google/gemma-3-*), and transformers 5's module names
+RENAMES = {
+    "hub": lambda n: n.replace("vision_tower.", "vision_tower.vision_model.", 1),
+    "modules": lambda n: (n.replace("language_model.model.", "model.language_model.", 1)
+                          .replace("vision_tower.", "model.vision_tower.", 1)
+                          .replace("multi_modal_projector.", "model.multi_modal_projector.", 1)),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(RENAMES))
+def test_every_spelling_of_the_names_converts_alike(gemma3, tmp_path, spelling):
+    hf_dir, ckpt = gemma3
+    src = tmp_path / "hf"
+    src.mkdir()
+    with safe_open(hf_dir / "model.safetensors", "pt") as f:
+        renamed = {RENAMES[spelling](n): f.get_tensor(n) for n in f.keys()}
+    save_file(renamed, str(src / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"):
+        (src / name).write_bytes((hf_dir / name).read_bytes())
+    convert(src, tmp_path / "ckpt", dtype="float32")
+    with safe_open(ckpt / "rank0.safetensors", "pt") as want, safe_open(tmp_path / "ckpt" / "rank0.safetensors",
+                                                                      "pt") as got:
+        assert set(got.keys()) == set(want.keys())
+        assert all(torch.equal(got.get_tensor(n), want.get_tensor(n)) for n in want.keys())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_vision_graph_builds_with_tensorrt_rtx(gemma3, tmp_path, dtype):
+    """A real TensorRT-RTX build (sm80/sm86, no GPU needed) with a profile over 1..4 images per call: every op a
+    native layer (the patch convolution, the grid's average pool)."""
+    pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
+    from engine_builder.network.options import NetworkOptions
+    from engine_builder.trt.engine_build import TrtBuildOptions, build_engine
+
+    _, ckpt = gemma3
+    path = write_vision_onnx(ckpt, tmp_path, NetworkOptions(dtype=dtype))
+    shape = (3, IMAGE_SIZE, IMAGE_SIZE)
+    report = build_engine(path, tmp_path / "vision.engine", TrtBuildOptions(
+        compute_capabilities=("sm80", "sm86"), profiles=({"pixel_values": ((1, *shape), (1, *shape), (4, *shape))},),
+        decomposable_attention=dtype == "float32"))
+    assert report.engine_path.is_file() and report.engine_bytes > 0
+    layers = report.network_layer_types
+    # both layers computed: their 4 LayerNorms and the post-norm; one softmax per layer
+    assert (layers["CONVOLUTION"], layers["POOLING"], layers["NORMALIZATION"], layers["SOFTMAX"]) == (1, 1, 5, 2)
