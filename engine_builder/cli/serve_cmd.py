@@ -42,8 +42,14 @@ def serve(
     = DEFAULT_MAX_CONCURRENT_REQUESTS,
     max_concurrent_per_client: Annotated[int | None, typer.Option(
         help="Requests in flight per client address beyond which its next one gets 429 before its body is read "
-             "(default: no per-client limit). Set it on a shared endpoint: one client opening streams, even "
-             "ones it drops at once, otherwise takes the compute every other client waits for.")] = None,
+             "(default: no hard limit; --client-share keeps clients fair). Set it on a shared endpoint: it bounds "
+             "what one address may hold at all, held requests included.")] = None,
+    client_share: Annotated[int | None, typer.Option(
+        help="Per-client fairness: a client address's requests beyond this many are held unread (not refused; "
+             "they count against --max-concurrent-requests) until one of its own ends, while other addresses' go "
+             "ahead. Default: twice --max-batch, which keeps a lone client's (or a proxy's) every slot busy and one "
+             "request ready per slot; 0: off.",
+        show_default=False)] = None,
     max_input_tokens: Annotated[int | None, typer.Option(help="Longest prompt in tokens; longer is refused. "
                                                               "Default: the engine's max_input_len, at most "
                                                               "--max-total-tokens - 1.")] = None,
@@ -150,7 +156,7 @@ def serve(
                  max_request_bytes=max_request_bytes,
                  request_timeout=request_timeout, max_top_logprobs=max_top_logprobs,
                  max_stop_sequences=max_stop_sequences, max_stop_sequence_chars=max_stop_sequence_chars,
-                 max_concurrent_per_client=max_concurrent_per_client,
+                 max_concurrent_per_client=max_concurrent_per_client, client_share=client_share,
                  parse_chat_special_tokens=parse_chat_special_tokens, header_timeout=header_timeout,
                  max_connections=max_connections, stalled_stream_timeout=stalled_stream_timeout,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),

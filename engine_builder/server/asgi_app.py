@@ -20,6 +20,7 @@ from engine_builder.server.access_log import AccessLogMiddleware, LogFormat
 from engine_builder.server.auth import ApiKeyMiddleware
 from engine_builder.server.body_limit import BodyLimitMiddleware
 from engine_builder.server.client_limit import ClientLimitMiddleware
+from engine_builder.server.client_share import ClientShareMiddleware
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.generation import ServerState
 from engine_builder.server.http_errors import UNAVAILABLE, error_response, install_error_handlers
@@ -42,10 +43,13 @@ def create_app(executor: Executor, config: ServerConfig, access_log: Callable[[s
         state.metrics.rejected.labels(str(status)).inc()
 
     install_error_handlers(app, on_error=count_rejected)
-    # outermost last: the key is checked first, then the client's requests in flight, then the body's size,
-    # before anything reads it
+    # outermost last: the key is checked first, then the client's requests in flight (the hard limit, then its
+    # share: client_share.py), then the body's size, before anything reads it
     app.add_middleware(StalledClientMiddleware, timeout=config.stalled_stream_timeout)  # innermost: around sends
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes, on_reject=count_rejected)
+    if state.client_share is not None:  # inside the hard limit below: a request it refuses is never held
+        app.add_middleware(ClientShareMiddleware, door=state.client_share, on_reject=count_rejected,
+                           room=lambda: config.max_concurrent_requests - state.active)
     if config.max_concurrent_per_client is not None:
         app.add_middleware(ClientLimitMiddleware, limit=config.max_concurrent_per_client, on_reject=count_rejected)
     if config.api_key:

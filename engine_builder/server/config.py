@@ -16,9 +16,11 @@ from engine_builder.util.errors import InputError
 # Active generation requests (queued + running) the server accepts before it answers 429; a
 # queue well beyond the engine's KV slots only adds latency, never throughput.
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
-# Per client address no limit by default: a benchmark or a proxy in front sends everything from one
-# address. On a public endpoint set --max-concurrent-per-client, so one client flooding the server with
-# streams (even ones it drops at once: each is a prefill) cannot take the compute other clients need.
+# Per client address no hard limit (429) by default: a benchmark or a proxy in front sends everything from one
+# address. Fairness is on instead (--client-share, client_share.py): a client's requests beyond twice the batch
+# wait for its own earlier ones, so one client flooding the server with streams (even ones it drops at once:
+# each is a prefill) cannot queue ahead of every other client. On a public endpoint also set
+# --max-concurrent-per-client.
 # A request body larger than this gets 413 before it is read: 1 MiB holds far more prompt text than
 # any engine's max_input_len (a 50 MB body once took 67 s and 13 GB to tokenize and refuse).
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
@@ -53,6 +55,9 @@ class ServerConfig:
     parse_chat_special_tokens: bool = False
     # seconds a response's send may wait on a client that reads nothing; then it is cancelled (stalled_clients.py)
     stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S
+    # a client address's requests past the door at once; more wait for its own to end (client_share.py);
+    # None: twice the executor's batch, 0: off
+    client_share: int | None = None
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""
@@ -60,6 +65,8 @@ class ServerConfig:
             raise InputError(f"--max-concurrent-requests must be >= 1, got {self.max_concurrent_requests}")
         if self.max_concurrent_per_client is not None and self.max_concurrent_per_client < 1:
             raise InputError(f"--max-concurrent-per-client must be >= 1, got {self.max_concurrent_per_client}")
+        if self.client_share is not None and self.client_share < 0:
+            raise InputError(f"--client-share must be >= 0 (0 turns it off), got {self.client_share}")
         if self.api_key is not None and not self.api_key.strip():
             raise InputError("--api-key is empty; give a non-empty key or leave the option out")
         if not self.model_name.strip():
@@ -90,7 +97,8 @@ class ServerConfig:
                    max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS,
                    max_concurrent_per_client: int | None = None,
                    parse_chat_special_tokens: bool = False,
-                   stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S) -> ServerConfig:
+                   stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
+                   client_share: int | None = None) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_total = limits.max_seq_len if max_total_tokens is None else max_total_tokens
@@ -106,4 +114,4 @@ class ServerConfig:
                              "with a larger --max-seq-len")
         return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
                    request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars,
-                   max_concurrent_per_client, parse_chat_special_tokens, stalled_stream_timeout)
+                   max_concurrent_per_client, parse_chat_special_tokens, stalled_stream_timeout, client_share)

@@ -44,6 +44,7 @@ from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.access_log import track
 from engine_builder.server.chat_tokens import ChatTokens
+from engine_builder.server.client_share import ClientShare
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.http_errors import (
     BAD_REQUEST,
@@ -82,6 +83,7 @@ class ServerState:
     token_texts: TokenTexts = field(init=False)
     chat_tokens: ChatTokens = field(init=False)  # chat messages as text (chat_tokens.py)
     requests: set[ActiveRequest] = field(init=False, default_factory=set)  # the admitted ones, for shutdown
+    client_share: ClientShare | None = field(init=False)  # per-client fairness (client_share.py); None: off
 
     def cancel_all(self) -> None:
         """End every admitted request as the server stops: each stream gets its terminal event."""
@@ -89,7 +91,10 @@ class ServerState:
             active.cancel("shutdown")
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.executor, lambda: self.active)
+        share = 2 * self.executor.stats().max_batch if self.config.client_share is None else self.config.client_share
+        self.client_share = ClientShare(share) if share else None
+        self.metrics = ServerMetrics(self.executor, lambda: self.active,
+                                     lambda: self.client_share.held if self.client_share else 0)
         self.token_texts = TokenTexts(self.executor.llm.tokenizer)
         self.chat_tokens = ChatTokens(self.executor.llm, self.config.parse_chat_special_tokens)
 

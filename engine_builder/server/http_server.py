@@ -43,6 +43,7 @@ from engine_builder.util.listen_socket import bind, signals_ignored_after_uvicor
 
 if TYPE_CHECKING:
     from engine_builder.runner.speculative import SpeculativeConfig
+    from engine_builder.server.client_share import ClientShare
     from engine_builder.server.generation import ServerState
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
@@ -62,7 +63,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS, max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES,
           max_stop_sequence_chars: int = DEFAULT_MAX_STOP_SEQUENCE_CHARS, max_concurrent_per_client: int | None = None,
           parse_chat_special_tokens: bool = False, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
-          max_connections: int = DEFAULT_MAX_CONNECTIONS, stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS,
+          stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S, client_share: int | None = None,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
@@ -102,7 +104,7 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_stop_sequence_chars=max_stop_sequence_chars,
                                      max_concurrent_per_client=max_concurrent_per_client,
                                      parse_chat_special_tokens=parse_chat_special_tokens,
-                                     stalled_stream_timeout=stalled_stream_timeout)
+                                     stalled_stream_timeout=stalled_stream_timeout, client_share=client_share)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads
@@ -123,19 +125,24 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                        gpu_memory_utilization=gpu_memory_utilization) as llm:
         executor = Executor(llm, scheduler)
         try:
+            app = create_app(executor, config, access_log=log if log_format else None,
+                             log_format=log_format or "text")  # type: ignore[arg-type]
             if log is not None:
                 log(f"{name}: {llm.backend_name} ({llm.backend_reason}); max batch {batch}, max input tokens "
                     f"{config.max_input_tokens}, max total tokens {config.max_total_tokens}, max concurrent "
                     f"requests {config.max_concurrent_requests}"
-                    f"{_per_client(config.max_concurrent_per_client)}, max request bytes {config.max_request_bytes}, "
+                    f"{_per_client(config.max_concurrent_per_client)}, client share "
+                    f"{_share(app.state.server.client_share)}, max request bytes {config.max_request_bytes}, "
                     f"request timeout {config.request_timeout:g} s{', API key required' if api_key else ''}"
                     f"{_speculative_summary(speculative)}")
-            app = create_app(executor, config, access_log=log if log_format else None,
-                             log_format=log_format or "text")  # type: ignore[arg-type]
             with signals_ignored_after_uvicorn():
                 asyncio.run(_run_uvicorn(app, sock, shutdown_timeout, on_ready, bounds))
         finally:
             executor.shutdown(drain=False)
+
+
+def _share(door: ClientShare | None) -> str:
+    return "off" if door is None else str(door.share)
 
 
 def _per_client(limit: int | None) -> str:

@@ -56,8 +56,9 @@ class TokenRate:
 class _LiveCollector(Collector):
     """Gauges and counters read at scrape time from the executor and the server's admission count."""
 
-    def __init__(self, executor: Executor, rate: TokenRate, active: Callable[[], int]) -> None:
-        self._executor, self._rate, self._active = executor, rate, active
+    def __init__(self, executor: Executor, rate: TokenRate, active: Callable[[], int],
+                 held: Callable[[], int]) -> None:
+        self._executor, self._rate, self._active, self._held = executor, rate, active, held
 
     def collect(self) -> Iterator[Metric]:
         s = self._executor.stats()
@@ -69,6 +70,8 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("trtbuild_kv_slots_free", "KV cache slots free right now.", s.free_slots)
         yield GaugeMetricFamily("trtbuild_active_requests", "Generation requests the server has admitted and not "
                                 "yet finished (counted against --max-concurrent-requests).", self._active())
+        yield GaugeMetricFamily("trtbuild_client_share_waiting", "Generation requests waiting, unread, for one of "
+                                "their own client's requests to end (--client-share).", self._held())
         yield GaugeMetricFamily("trtbuild_tokens_per_second",
                                 f"Tokens generated per second, over the last {RATE_WINDOW_S:.0f} s.",
                                 self._rate.per_second())
@@ -118,7 +121,7 @@ def prefix_cache_metrics(c: PrefixCacheStats) -> Iterator[Metric]:
 
 
 class ServerMetrics:
-    def __init__(self, executor: Executor, active: Callable[[], int]) -> None:
+    def __init__(self, executor: Executor, active: Callable[[], int], held: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         self.rate = TokenRate()
         r = self.registry
@@ -135,7 +138,7 @@ class ServerMetrics:
                              buckets=ITL_BUCKETS, registry=r)
         self.latency = Histogram("trtbuild_request_latency_seconds", "Arrival to the request's end.",
                                  buckets=LATENCY_BUCKETS, registry=r)
-        r.register(_LiveCollector(executor, self.rate, active))
+        r.register(_LiveCollector(executor, self.rate, active, held))
         register_speculative(r, executor)  # `serve --speculative` only (speculative_metrics.py)
 
     def observe_end(self, handle: RequestHandle, finish_reason: str, disconnected: bool = False) -> None:

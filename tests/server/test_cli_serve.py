@@ -19,6 +19,7 @@ def serve(*args):
     (("--max-batch", "99"), ("max_batch 99", "4 or less")),
     (("--max-concurrent-requests", "0"), ("--max-concurrent-requests must be >= 1",)),
     (("--max-concurrent-per-client", "0"), ("--max-concurrent-per-client must be >= 1",)),
+    (("--client-share", "-1"), ("--client-share must be >= 0 (0 turns it off)",)),
     (("--backend", "cuda"), ("backend 'cuda'",)),
     (("--api-key", " "), ("--api-key is empty",)),
     (("--port", "70000"), ("--port must be in [0, 65535]",)),
