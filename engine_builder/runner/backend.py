@@ -41,6 +41,7 @@ from engine_builder.runner.core.model_input import ModelInput, SlotRows
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.sampler import Sampler
+from engine_builder.util.errors import UnsupportedError
 
 KVUpdate = Literal["in_place", "copy"]
 
@@ -54,6 +55,7 @@ class Backend(ABC):
     reprefill_after: int | None  # longrope: re-prefill a sequence when its length reaches this
     max_input_len: int  # longest multi-token step the engine takes (TensorRT prefill profile)
     logits_tail: int = 1  # a step's logits cover its last min(seq, logits_tail) positions (graph metadata)
+    takes_images: bool = False  # a vision-language twin whose steps take image features (bind_images)
     execute_seconds: float  # wall time inside the engine call, summed over every step
 
     @classmethod
@@ -77,6 +79,8 @@ class Backend(ABC):
         sequence of the batch holds ride along with token 0 at their own length, their logits dropped)."""
         rows = SlotRows.of(batch)
         self.bind(rows.first_slot, rows.input_ids)
+        if batch.images is not None:
+            self.bind_images(rows.image_at, batch.images.embeds)
         self.execute()
         if rows.whole and rows.tail == 1:  # every row's last position in row order: the engine's own view
             return self.read_logits()
@@ -108,6 +112,12 @@ class Backend(ABC):
 
     def execute(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} steps through forward(ModelInput) only")
+
+    def bind_images(self, at: np.ndarray, embeds: np.ndarray) -> None:
+        """After bind: image features embeds [k, hidden] in place of the token embeddings at flat positions `at` of
+        the bound [rows, seq] ids, for the next execute only (a vision-language engine's twin)."""
+        raise UnsupportedError(f"the {self.name} backend does not run image inputs; run this vision-language engine "
+                               "with --backend onnxruntime")
 
     def read_logits(self) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} steps through forward(ModelInput) only")

@@ -70,8 +70,10 @@ def supported(generator: Generator) -> bool:
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
     """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such requests
-    are batched: the first token is sampled right after the call (a beam search's first step runs alone)."""
-    return r.prompt_logprobs is None and r.beams is None and tokens >= generator.prefill_remaining(r) > 0
+    are batched: the first token is sampled right after the call (a beam search's first step and a prompt with
+    images run alone)."""
+    return (r.prompt_logprobs is None and r.beams is None and r.image is None
+            and tokens >= generator.prefill_remaining(r) > 0)
 
 
 def start(generator: Generator, r: RequestState) -> int:
@@ -135,7 +137,7 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
     for r in by_slot:
         kv.advance(r.slot, len(contexts[r.slot]))
         if not r.token_ids and generator.prefix_cache is not None:
-            generator.prefix_cache.store(r.prompt_ids, r.slot)
+            generator.prefix_cache.store(r.cache_prompt, r.slot)
     sample = generator.sampler(logits, [r.sampling for r in by_slot])
     for r, token, lp in zip(by_slot, sample.token_ids, sample.logprobs):
         generator._accept(r, int(token), lp, events)

@@ -35,7 +35,8 @@ import numpy as np
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import BeamSearch
-from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.core.image_prompt import ImagePrompt
+from engine_builder.runner.core.model_input import ImageEmbeds, ModelInput
 from engine_builder.runner.detokenizer import IncrementalDetokenizer
 from engine_builder.runner.grammar import GrammarCompiler
 from engine_builder.runner.kv.prefix_cache import PrefixCache
@@ -44,7 +45,7 @@ from engine_builder.runner.request_state import Event, RequestState, StepClock, 
 from engine_builder.runner.sampler import Sampler, SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import StopChecker
-from engine_builder.util.errors import CapacityError, InputError
+from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
 
 
 class Admission(Protocol):
@@ -113,32 +114,40 @@ class Generator:
             raise CapacityError(f"num_beams {params.num_beams} needs one KV slot per beam but the engine has "
                                 f"{kv.batch_slots} (max_batch); lower num_beams or rebuild with a larger max_batch")
 
-    def new_request(self, index: int, prompt_ids: Sequence[int], params: SamplingParams) -> RequestState:
+    def new_request(self, index: int, prompt_ids: Sequence[int], params: SamplingParams,
+                    image: ImagePrompt | None = None) -> RequestState:
+        """image: a vision-language prompt (runner/vision/image_prompts.py); prompt_ids are then its ids."""
         # SamplingState first: it refuses ids outside the vocab, which the detokenizer would not survive
         state = SamplingState(params, prompt_ids, self.backend.vocab_size)
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
         state.grammar = self.grammars.matcher(params)  # UnsupportedError / InputError for a bad constraint
+        if image is not None and not self.backend.takes_images:
+            raise UnsupportedError(f"the {self.backend.name} backend does not run image inputs on this engine; run "
+                                   "a vision-language engine with --backend onnxruntime")
         return RequestState(index, list(prompt_ids), params, state,
                             StopChecker(params, detok, self.eos_token_ids),
                             logprobs=[] if params.logprobs is not None else None,
-                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None, image=image)
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def start(self, prompts: Sequence[Sequence[int]],
-              params: Sequence[SamplingParams]) -> tuple[list[RequestState], Iterator[Event]]:
+    def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+              images: Sequence[ImagePrompt | None] | None = None) -> tuple[list[RequestState], Iterator[Event]]:
         """Check every request now (user errors before any work), then return their states and the
         loop that generates for them; iterating it yields text deltas as they become safe to show,
-        and the states hold the final text, tokens and logprobs once it ends."""
+        and the states hold the final text, tokens and logprobs once it ends. images: per prompt, its
+        ImagePrompt (whose ids the prompt is) or None."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        images = list(images) if images is not None else [None] * len(prompts)
         if self.admission is None:
             raise ValueError("this Generator has no step loop to run requests on; set generator.admission "
                              "(LLM sets runner/scheduling/block_admission.BlockAdmission)")
         for ids, p in zip(prompts, params):
             self.check(ids, p)
             self.admission.check(self, ids, p)
-        requests = [self.new_request(i, ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
+        requests = [self.new_request(i, ids, p, image)
+                    for i, (ids, p, image) in enumerate(zip(prompts, params, images))]
         return requests, self._loop(requests)
 
     def _loop(self, requests: list[RequestState]) -> Iterator[Event]:
@@ -191,7 +200,7 @@ class Generator:
         kv = self.backend.kv
         if (not r.prefix_looked_up and self.prefix_cache is not None and not r.token_ids
                 and r.prompt_logprobs is None and kv.length(r.slot) == 0):
-            self.prefix_cache.load(r.prompt_ids, r.slot)
+            self.prefix_cache.load(r.cache_prompt, r.slot)
         r.prefix_looked_up = True
         return kv.length(r.slot)
 
@@ -210,10 +219,11 @@ class Generator:
             logits = self._prefill_scored(r, start, end)
         else:
             ids = np.asarray(context[start:end], np.int64)[None, :]
-            logits = self.backend.forward(ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1]))  # [1, vocab]
+            logits = self.backend.forward(ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1],
+                                                          images=_images(r, start, end)))  # [1, vocab]
             kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
-            self.prefix_cache.store(r.prompt_ids, r.slot)
+            self.prefix_cache.store(r.cache_prompt, r.slot)
         if end == len(context) and r.beams is not None:  # every beam starts from the prompt's KV and logits
             self.backend.copy_slots([r.slot] * (len(r.beam_slots) - 1), r.beam_slots[1:])
             self._beam_step(r, np.repeat(self.backend.to_host(logits), len(r.beam_slots), axis=0), events)
@@ -231,7 +241,8 @@ class Generator:
         kv = self.backend.kv
         for at in range(start, end, chunk):
             ids = np.asarray(context[at:min(end, at + chunk)], np.int64)[None, :]
-            batch = ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1], logits=ids.shape[1])
+            batch = ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1], logits=ids.shape[1],
+                                    images=_images(r, at, at + ids.shape[1]))
             tail = self.backend.to_host(self.backend.forward(batch))  # [seq, vocab]: j predicts the token after ids[j]
             kv.advance(r.slot, ids.shape[1])
             for j in range(ids.shape[1]):
@@ -300,7 +311,7 @@ class Generator:
         if out.finished:
             r.finish_reason, r.stop_reason, r.text = out.finish_reason, out.stop_reason, r.stop.text
             if self.cache_outputs and self.prefix_cache is not None:  # the slot holds prompt + output but the last
-                self.prefix_cache.store([*r.prompt_ids, *r.token_ids], r.slot)
+                self.prefix_cache.store([*r.cache_prompt, *r.token_ids], r.slot)
             self.release(r)
         else:
             self._next_ids[r.slot, 0] = token
@@ -348,3 +359,11 @@ def _finish_beams(r: RequestState) -> list[Event]:
     if logprobs is not None:
         r.logprobs = logprobs[:len(tokens)]
     return events
+
+
+def _images(r: RequestState, start: int, end: int) -> ImageEmbeds | None:
+    """The image features a one-row prefill of r's context [start, end) splices in, if any."""
+    if r.image is None:
+        return None
+    at, embeds = r.image.features_for(start, end)
+    return ImageEmbeds(at, embeds) if len(at) else None

@@ -37,6 +37,7 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
+from engine_builder.runner.vision.image_prompts import ImagePrompts, refuse_image_tokens
 from engine_builder.util.errors import InputError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -183,6 +184,7 @@ class LLM:
               prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None,
               gpu_memory_utilization: float | None = None) -> None:
         self.embedder: Embedder | None = None
+        self._threads, self._image_prompts = threads, None  # the vision graph opens with the first images
         if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
             self.tokenizer = self.engine.load_tokenizer()
             self.embedder = self.backend = Embedder(self.engine, self.tokenizer, backend, threads)
@@ -276,18 +278,21 @@ class LLM:
 
     def generate(self, prompts: str | Sequence[str] | None = None,
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 prompt_token_ids: Sequence[Sequence[int]] | None = None) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. Give text prompts, or token ids instead."""
+                 prompt_token_ids: Sequence[Sequence[int]] | None = None, images: Any = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. Give text prompts, or token ids instead. images (a
+        vision-language engine): per prompt a list of images (bytes, a path, a data: URL or a PIL image), each
+        standing where its image token is in the prompt; with one prompt, its list."""
         texts, ids = self._prompts(prompts, prompt_token_ids)
-        requests, events = self._generator.start(ids, self._params(params, len(ids)))
+        ids, prepared = self._with_images(ids, images)
+        requests, events = self._generator.start(ids, self._params(params, len(ids)), prepared)
         for _ in events:
             pass
         return [_output(r, t) for r, t in zip(requests, texts)]
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> TokenStream:
-        """Iterate over text deltas of one prompt's generation."""
-        ids = [self.encode(prompt)]
-        return TokenStream(self, self._generator.start(ids, self._params(params, 1)), prompt)
+    def stream(self, prompt: str, params: SamplingParams | None = None, *, images: Any = None) -> TokenStream:
+        """Iterate over text deltas of one prompt's generation (images: as generate's, of this one prompt)."""
+        ids, prepared = self._with_images([self.encode(prompt)], images)
+        return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), prompt)
 
     def chat(self, messages: Messages | Sequence[Messages],
              params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -337,6 +342,23 @@ class LLM:
         if not texts:
             raise InputError("no prompts given; pass a string or a list of strings")
         return texts, [self.encode(t) for t in texts]
+
+    def _with_images(self, ids: list[list[int]], images: Any) -> tuple[list[list[int]], list | None]:
+        """The prompts with their images encoded and spliced (runner/vision/image_prompts.py): each image token
+        expanded; (ids, None) without images, after checking no prompt holds an image token alone."""
+        vision = self.engine.model.vision
+        if images is None:
+            if vision is not None:
+                for prompt in ids:
+                    refuse_image_tokens(prompt, vision.image_token_id)
+            return ids, None
+        if vision is None:
+            raise InputError(f"{self.engine.path} is a text-only engine; images need one built from a "
+                             "vision-language checkpoint (e.g. llava)")
+        if self._image_prompts is None:
+            self._image_prompts = ImagePrompts(self.engine, threads=self._threads)
+        prepared = self._image_prompts.prepare_all(ids, images)
+        return [p.ids if p is not None else i for p, i in zip(prepared, ids)], prepared
 
     def _params(self, params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
         if params is None:

@@ -169,6 +169,7 @@ class OrtBackend(Backend):
         self._present = None
         if self.kv_update == "copy":
             self._present = ([np.zeros_like(k) for k in self.kv.keys], [np.zeros_like(v) for v in self.kv.values])
+        self._init_images(width)
         self._decode_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._verify_bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (slot, seq) of one-row verify steps
         self._bound: tuple[ort.IOBinding, int, int, int] | None = None  # binding, first slot, rows, seq
@@ -203,6 +204,7 @@ class OrtBackend(Backend):
         b.bind_input(io.POSITION_IDS, "cpu", 0, np.int64, (rows, seq), self._pos[row * seq:].ctypes.data)
         lengths = self.kv.lengths[first:first + rows]  # the manager's own array: no copy per step
         b.bind_input(io.PAST_LENGTHS, "cpu", 0, np.int64, (rows,), lengths.ctypes.data)
+        self._bind_image_inputs(b, rows, seq, row * seq)
         shape = (rows, *self._kv_shape)  # [rows, kv_heads, max_seq, head_dim]
         dtype = self.kv.dtype
         for i in range(self._num_layers):
@@ -221,12 +223,37 @@ class OrtBackend(Backend):
                           self._logits[row * tail * self.vocab_size:].ctypes.data)
         return b
 
+    def _init_images(self, width: int) -> None:
+        """A vision-language twin's image inputs (graph_io IMAGE_EMBEDS / IMAGE_MASK), bound by address like the ids:
+        the mask all false but where bind_images puts a feature for one execute."""
+        self.takes_images = io.IMAGE_EMBEDS in {i.name for i in self.session.get_inputs()}
+        hidden = self.engine.model.hidden_size if self.takes_images else 0
+        self._image_embeds = np.zeros((width if self.takes_images else 0, hidden), np.float32)
+        self._image_mask = np.zeros(width if self.takes_images else 0, bool)
+        self._image_at: np.ndarray | None = None
+
+    def _bind_image_inputs(self, b: ort.IOBinding, rows: int, seq: int, at: int) -> None:
+        if self.takes_images:
+            b.bind_input(io.IMAGE_EMBEDS, "cpu", 0, np.float32, (rows, seq, self._image_embeds.shape[1]),
+                         self._image_embeds[at:].ctypes.data)
+            b.bind_input(io.IMAGE_MASK, "cpu", 0, np.bool_, (rows, seq), self._image_mask[at:].ctypes.data)
+
+    def bind_images(self, at: np.ndarray, embeds: np.ndarray) -> None:
+        if not self.takes_images:
+            super().bind_images(at, embeds)
+        self._image_embeds[at] = embeds
+        self._image_mask[at] = True
+        self._image_at = at
+
     def execute(self) -> None:
         binding, first, rows, seq = self._bound
         started = time.perf_counter()
         for b in self._row_bindings or (binding,):
             self.session.run_with_iobinding(b)
         self.execute_seconds += time.perf_counter() - started
+        if self._image_at is not None:  # the next call's rows take their token embeddings again
+            self._image_mask[self._image_at] = False
+            self._image_at = None
         if self._present is not None:
             self._commit(first, rows, seq)
 

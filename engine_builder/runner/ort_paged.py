@@ -54,6 +54,7 @@ class PagedOrtBackend(OrtBackend):
         tail = 1 if self.all_logits else self.logits_tail
         self._logits = np.zeros(lim.max_batch * tail * self.vocab_size, np.float32)
         self._present = None  # never copy mode: the pool is updated in place
+        self._init_images(width)
         self._decode_bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
         self._verify_bindings: dict = {}
         self._bound = None
@@ -94,6 +95,7 @@ class PagedOrtBackend(OrtBackend):
         b.bind_input(io.POSITION_IDS, "cpu", 0, np.int64, (rows, seq), self._pos.ctypes.data)
         b.bind_input(io.PAST_LENGTHS, "cpu", 0, np.int64, (rows,), self.kv.lengths[first:first + rows].ctypes.data)
         b.bind_input(io.BLOCK_TABLE, "cpu", 0, np.int64, (rows, width), self._table.ctypes.data)
+        self._bind_image_inputs(b, rows, seq, 0)
         dtype = self.kv.dtype
         for i in range(self._num_layers):
             for past, present, pool in ((io.kv_pool_key(i), io.present_pool_key(i), self.kv.keys[i]),

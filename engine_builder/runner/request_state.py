@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import BeamSearch
+from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.sampler import SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import FinishReason, StopChecker
@@ -60,6 +61,12 @@ class RequestState:
     # until the search ends, then the best finished hypothesis
     beams: BeamSearch | None = None
     beam_slots: tuple[int, ...] = ()
+    image: ImagePrompt | None = None  # a vision-language prompt: features spliced in at its image positions
+
+    @property
+    def cache_prompt(self) -> list[int]:
+        """The prompt as the prefix cache keys it: image positions by their image's content, not the image token."""
+        return self.prompt_ids if self.image is None else self.image.key
 
     @property
     def finished(self) -> bool:

@@ -18,6 +18,15 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class ImageEmbeds:
+    """A vision-language step's image features: the flat tokens that take one (image-token positions of a prompt
+    chunk) and the feature each takes in place of its token's embedding (runner/vision/image_prompt.py)."""
+
+    token_index: np.ndarray  # [k] int64: indices into ModelInput.token_ids
+    embeds: np.ndarray  # [k, hidden] float32
+
+
+@dataclass(frozen=True)
 class ModelInput:
     token_ids: np.ndarray  # [num_tokens] int64: every sequence's new tokens, back to back
     positions: np.ndarray  # [num_tokens] int64: each token's position in its sequence
@@ -25,6 +34,7 @@ class ModelInput:
     context_lens: np.ndarray  # [num_seqs] int64: positions each sequence holds once this step's tokens are written
     slots: np.ndarray  # [num_seqs] int64: the KV cache slot (the KV manager's sequence id) of each sequence
     logits_indices: np.ndarray  # [num_logits] int64: flat token indices whose logits come back, in this order
+    images: ImageEmbeds | None = None  # a vision-language prefill: the features spliced in at image positions
 
     @property
     def num_seqs(self) -> int:
@@ -60,7 +70,8 @@ class ModelInput:
                    logits_indices=start[1:] - 1)
 
     @classmethod
-    def rows(cls, first_slot: int, input_ids: np.ndarray, lengths: np.ndarray, logits: int = 1) -> ModelInput:
+    def rows(cls, first_slot: int, input_ids: np.ndarray, lengths: np.ndarray, logits: int = 1,
+             images: ImageEmbeds | None = None) -> ModelInput:
         """The batch a slot engine's step over slots first_slot.. takes: input_ids [rows, seq] written at each
         row's length (lengths [rows]), the logits of each row's last `logits` positions (row-major)."""
         rows, seq = input_ids.shape
@@ -72,7 +83,7 @@ class ModelInput:
                    query_start=np.arange(rows + 1, dtype=np.int64) * seq,
                    context_lens=lengths + seq,
                    slots=np.arange(first_slot, first_slot + rows, dtype=np.int64),
-                   logits_indices=last)
+                   logits_indices=last, images=images)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class SlotRows:
     row_of: np.ndarray  # [num_logits] row of each wanted logit
     tail_of: np.ndarray  # [num_logits] its index among the row's last `tail` positions
     whole: bool  # every row's last `tail` positions, row-major: the engine's logits as they are
+    image_at: np.ndarray | None = None  # [k] where each of batch.images' features lies in input_ids, flattened
 
     @classmethod
     def of(cls, batch: ModelInput) -> SlotRows:
@@ -94,6 +106,7 @@ class SlotRows:
         seq, n = int(lens.max()), batch.num_seqs
         first = int(batch.slots.min())
         li = batch.logits_indices
+        image_at = None if batch.images is None else batch.images.token_index
         if (lens == seq).all() and (batch.slots == np.arange(first, first + n)).all():  # already a rectangle
             ids = batch.token_ids.reshape(n, seq)
             row_of, col_of = li // seq, li % seq
@@ -104,8 +117,10 @@ class SlotRows:
             col = np.arange(batch.num_tokens) - batch.query_start[seq_of]
             ids[row[seq_of], col] = batch.token_ids
             row_of, col_of = row[seq_of[li]], col[li]
+            if image_at is not None:
+                image_at = row[seq_of[image_at]] * seq + col[image_at]
         tail = int(seq - col_of.min()) if len(li) else 1
         tail_of = col_of - (seq - tail)
         natural = np.arange(len(ids) * tail)
         whole = len(li) == len(natural) and bool((row_of * tail + tail_of == natural).all())
-        return cls(first, ids, tail, row_of, tail_of, whole)
+        return cls(first, ids, tail, row_of, tail_of, whole, image_at)

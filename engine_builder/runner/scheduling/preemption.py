@@ -55,7 +55,7 @@ class Resumes:
         itself; a resumed one's prefill starts past the prompt, where Generator.prefill does not look)."""
         cache = self.generator.prefix_cache
         if r.index in self._at and cache is not None and self.generator.backend.kv.length(r.slot) == 0:
-            cache.load(r.prompt_ids, r.slot)
+            cache.load(r.cache_prompt, r.slot)
 
     def forget(self, r: RequestState) -> None:
         self._at.pop(r.index, None)

@@ -67,9 +67,9 @@ class SpeculativeGenerator(Generator):
         self._prior = DraftLength(self.cap, config.adaptive)
         self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
 
-    def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]):
+    def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], images=None):
         self.stats = SpeculativeStats(self.proposer.name)  # per run, like Generator.timings
-        return super().start(prompts, params)
+        return super().start(prompts, params, images)
 
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
         costs = self._costs.get(len(active))

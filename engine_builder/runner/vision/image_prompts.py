@@ -1,0 +1,91 @@
+"""A prompt with images, made ready for the step loop (the multimodal pipeline, as HF's LlavaProcessor and
+get_image_features do it):
+
+    prompt = ImagePrompts(engine).prepare(prompt_ids, images)    # -> ImagePrompt (runner/core/image_prompt.py)
+
+1. each image token in the prompt stands for one image, in order, and becomes tokens_per_image of them (a
+   prompt that already holds exactly tokens_per_image per image is taken as it is);
+2. the images are loaded (bounded, runner/vision/images.py), preprocessed as the model's processor does and
+   encoded by the vision graph in one call;
+3. the k-th image-token position takes the k-th feature row: the prefill splices them in (generate.py);
+4. the prefix cache sees, at those positions, ids derived from a hash of the image's pixels instead of the image
+   token, so a repeated image reuses its KV and two different images never share any.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine_builder.runner.core.image_prompt import ImagePrompt
+from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.vision.image_processor import preprocess
+from engine_builder.runner.vision.images import ImageLimits, ImageSource, load_image
+from engine_builder.runner.vision.vision_encoder import VisionEncoder
+from engine_builder.util.errors import InputError
+
+
+class ImagePrompts:
+    def __init__(self, engine: EngineDir, limits: ImageLimits = ImageLimits(), threads: int | None = None) -> None:
+        self.encoder = VisionEncoder(engine, threads)
+        self.spec, self.limits, self.vocab = self.encoder.spec, limits, engine.model.vocab_size
+
+    def prepare(self, prompt_ids: Sequence[int], images: Sequence[ImageSource]) -> ImagePrompt:
+        spec, token = self.spec, self.spec.image_token_id
+        if len(images) > self.limits.max_images:
+            raise InputError(f"{len(images)} images in one request; at most {self.limits.max_images} are taken")
+        ids = self._expand(list(prompt_ids), len(images))
+        pixels = np.stack([preprocess(load_image(image, self.limits), spec.processor) for image in images])
+        features = self.encoder.encode(pixels)  # [images, tokens_per_image, hidden]
+        positions = np.flatnonzero(np.asarray(ids) == token).astype(np.int64)
+        key = list(ids)
+        for i, image in enumerate(pixels):
+            digest = int.from_bytes(hashlib.sha256(image.tobytes()).digest()[:8], "little")
+            first = self.vocab + (digest % (1 << 40)) * spec.tokens_per_image  # never a real token id
+            for j, at in enumerate(positions[i * spec.tokens_per_image:(i + 1) * spec.tokens_per_image]):
+                key[at] = first + j
+        return ImagePrompt(ids, positions, features.reshape(-1, features.shape[-1]), key)
+
+    def _expand(self, ids: list[int], images: int) -> list[int]:
+        """One image token per image becomes tokens_per_image of them (HF LlavaProcessor's expansion)."""
+        token, per = self.spec.image_token_id, self.spec.tokens_per_image
+        found = ids.count(token)
+        if found == images * per and per > 1:  # already expanded (a tokenized chat template, a client's own ids)
+            return ids
+        if found != images:
+            raise InputError(f"the prompt has {found} image token(s) (id {token}) for {images} image(s); put one "
+                             "image token in the prompt where each image goes, in order")
+        out: list[int] = []
+        for t in ids:
+            out.extend([token] * per if t == token else [t])
+        return out
+
+    def prepare_all(self, prompts: Sequence[Sequence[int]], images: Any) -> list[ImagePrompt | None]:
+        """Per prompt, its ImagePrompt, or None for a prompt without images (which may hold no image token)."""
+        out: list[ImagePrompt | None] = []
+        for ids, given in zip(prompts, per_prompt(images, len(prompts))):
+            if given:
+                out.append(self.prepare(ids, given))
+            else:
+                refuse_image_tokens(ids, self.spec.image_token_id)
+                out.append(None)
+        return out
+
+
+def per_prompt(images: Any, n: int) -> list[list[ImageSource]]:
+    """LLM.generate's `images`: per prompt a list of images (or one image, or None); with one prompt, its list."""
+    if n == 1 and not (isinstance(images, list | tuple) and images and isinstance(images[0], list | tuple | None)):
+        images = [images]
+    if not isinstance(images, list | tuple) or len(images) != n:
+        raise InputError(f"give images as one list per prompt ({n} prompts), e.g. images=[[img], [], [img1, img2]]")
+    return [[] if i is None else list(i) if isinstance(i, list | tuple) else [i] for i in images]
+
+
+def refuse_image_tokens(ids: Sequence[int], token: int) -> None:
+    """A prompt of a vision-language model with an image token but no image: HF refuses it too."""
+    if token in ids:
+        raise InputError(f"the prompt holds the image token (id {token}) but no image was given; pass the image "
+                         "(images=..., --image) or take the token out")
