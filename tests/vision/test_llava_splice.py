@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -16,6 +17,7 @@ import torch
 import transformers
 from cli_process import assert_user_error, trtbuild
 from runner_engines import build_engine, build_paged_engine
+from safetensors.torch import load_file
 from tiny_llava import IMAGE_TOKEN, tiny_llava
 from tiny_models import COMMON
 
@@ -83,10 +85,11 @@ class SlotSession:
 
     def __init__(self, engine: Path, rows: int):
         self.session = ort.InferenceSession(str(engine / ORT_MODEL), providers=["CPUExecutionProvider"])
-        cfg = EngineManifest.load(engine).model
+        manifest = EngineManifest.load(engine)
+        cfg, dtype = manifest.model, getattr(ml_dtypes, manifest.twin_dtype, None) or np.dtype(manifest.twin_dtype)
         self.layers = cfg.num_layers
-        shape = (rows, cfg.num_kv_heads, LIMITS.max_seq_len, cfg.head_dim)
-        self.cache = {name(i): np.zeros(shape, np.float32) for i in range(self.layers)
+        shape = (rows, cfg.num_kv_heads, manifest.build.limits.max_seq_len, cfg.head_dim)
+        self.cache = {name(i): np.zeros(shape, dtype) for i in range(self.layers)
                       for name in (io.past_key, io.past_value)}
         self.lengths = np.zeros(rows, np.int64)
 
@@ -180,6 +183,24 @@ def test_greedy_tokens_with_an_image_equal_transformers_generate(llava, hf):
     assert len(set(want)) > STEPS // 2  # a varied continuation, not one token repeated
 
 
+def test_a_float16_twin_casts_the_features_to_its_dtype(llava, tmp_path):
+    """float32 features cast to the twin's dtype before the select: features that are other tokens' embeddings (exact
+    in float16) at the masked positions give, bit for bit, the logits of the prompt holding those tokens there. (No
+    bfloat16 twin: onnxruntime's CPU Where, which every decoder's causal mask uses, has no bfloat16 kernel.)"""
+    _, ckpt, _ = llava
+    engine = build_engine(ckpt, tmp_path / "engine", Limits(max_batch=1, max_input_len=48, max_seq_len=64), "float16")
+    table = load_file(ckpt / "rank0.safetensors")["embed.weight"].half().float().numpy()  # as the twin holds it
+    rng = np.random.default_rng(8)
+    prompt, other = rng.integers(3, IMAGE_TOKEN, (2, 1, 29))
+    mask = np.zeros((1, 29), bool)
+    mask[0, 6:22] = True  # where an image would sit
+    swapped = np.where(mask, other, prompt)
+    assert (swapped != prompt).any()
+    image = SlotSession(engine, rows=1).step(prompt, table[other], mask)
+    text = SlotSession(engine, rows=1).step(swapped, np.zeros((1, 29, HIDDEN), np.float32), np.zeros((1, 29), bool))
+    assert np.isfinite(text).all() and np.array_equal(image, text)
+
+
 def test_the_paged_layout_builds_the_vision_decoder_and_splices_the_same(llava, hf, tmp_path):
     """`build --kv-layout paged`: the same two inputs, and the image prompt's prefill logits transformers'."""
     _, ckpt, _ = llava
@@ -201,14 +222,16 @@ def test_the_paged_layout_builds_the_vision_decoder_and_splices_the_same(llava, 
     np.testing.assert_allclose(outputs[0][0, -1], want.numpy(), rtol=0, atol=2e-5)
 
 
-def test_the_vision_decoder_builds_with_tensorrt_rtx(llava, tmp_path):
-    """A real TensorRT-RTX build (sm80/sm86, float16, no GPU needed): image_embeds [batch, seq, hidden] and
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_vision_decoder_builds_with_tensorrt_rtx(llava, tmp_path, dtype):
+    """A real TensorRT-RTX build (sm80/sm86, no GPU needed): image_embeds [batch, seq, hidden] and
     image_mask [batch, seq] in every profile, the splice a native select layer; the attention fusions match as
     they do for the text model (the splice sits before the first layer)."""
     pytest.importorskip("tensorrt_rtx", reason="pip install tensorrt-rtx-cu13")
     _, ckpt, _ = llava
-    result = build(ckpt, tmp_path / "engine", BuildConfig(targets=("onnxruntime", "tensorrt"), dtype="float16",
-                                                          compute_capabilities=("sm80", "sm86"), limits=LIMITS))
+    result = build(ckpt, tmp_path / "engine", BuildConfig(targets=("onnxruntime", "tensorrt"), dtype=dtype,
+                                                          twin_dtype="float32", compute_capabilities=("sm80", "sm86"),
+                                                          limits=LIMITS))
     profiles = result.tensorrt["profiles"]
     assert [p[io.IMAGE_EMBEDS] for p in profiles] == [[[*s, HIDDEN] for s in p[io.INPUT_IDS]] for p in profiles]
     assert [p[io.IMAGE_MASK] for p in profiles] == [p[io.INPUT_IDS] for p in profiles]
