@@ -100,6 +100,7 @@ def test_a_repeated_image_reuses_its_blocks_and_another_image_shares_none(llava,
     again = llm.generate(prompt_token_ids=[ids], params=GREEDY, images=[png(20)])[0]
     reused = cache.stats().hit_tokens - hits
     assert again.token_ids == first.token_ids and reused >= TOKENS  # the image's blocks came from the cache
+    assert llm._image_prompts.encoder.images_encoded == 1  # and its features: the vision graph ran once
     other = llm.generate(prompt_token_ids=[ids], params=GREEDY, images=[png(21)])[0]
     assert cache.stats().hit_tokens - hits - reused < 5  # at most the text block before the image: no image KV
     assert list(other.token_ids) == hf_generate(hf, ids, [png(21)]) != list(first.token_ids)

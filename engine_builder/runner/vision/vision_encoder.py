@@ -20,6 +20,7 @@ class VisionEncoder:
             raise UnsupportedError(f"{engine.path} is not a vision-language engine (no {VISION_MODEL}); images "
                                    "need an engine built from a vision-language checkpoint (e.g. llava)")
         self.spec = engine.model.vision
+        self.images_encoded = 0  # images run through the graph so far (a repeated one is not: image_prompts.py)
         options = session_options(engine.twin_dtype, threads)
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -29,6 +30,7 @@ class VisionEncoder:
 
     def encode(self, pixel_values: np.ndarray) -> np.ndarray:
         """pixel_values float32 [images, channels, height, width] -> features [images, tokens_per_image, hidden]."""
+        self.images_encoded += len(pixel_values)
         (features,) = self.session.run([IMAGE_FEATURES], {PIXEL_VALUES: np.ascontiguousarray(pixel_values,
                                                                                              np.float32)})
         return features
