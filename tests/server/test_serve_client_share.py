@@ -8,16 +8,20 @@ other clients (Linux routes all of 127/8 to lo).
                  waits behind the executor's whole queue of them
     one client   a lone client sending more than its share loses nothing: every request is answered 200 with the
                  lone request's answer, none refused, and the slots stay full while its extra requests wait
+    the door     ClientShare's bookkeeping on a real event loop: order per client, cancelled waits
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import httpx
 import pytest
 from live_server import live_server, metrics, wait_idle
+
+from engine_builder.server.client_share import ClientShare
 
 SHARE = 4  # twice the tiny engine's max_batch 2
 LONG = {"prompt": "w5 w6", "max_tokens": 80, "temperature": 0}  # greedy: runs to max_tokens on the tiny model
@@ -112,3 +116,40 @@ def test_a_lone_client_over_its_share_loses_nothing(tiny_server):
     assert m.get('trtbuild_requests_rejected_total{status="429"}', 0) == rejected
     assert m["trtbuild_client_share_waiting"] == 0
     assert full_while_held
+
+
+def test_the_door_keeps_each_clients_order_and_passes_on_cancelled_turns():
+    """The bookkeeping itself (server/client_share.py's ClientShare), on a real event loop: a client's held
+    requests go on oldest first as its own end, other addresses pass meanwhile, a wait cancelled before its
+    turn leaves the queue, and a turn given to a wait cancelled before it resumed goes to the next one."""
+    async def scenario() -> None:
+        door = ClientShare(1)
+        assert door.passes("a") and not door.passes("a")
+        first, second, third = (asyncio.ensure_future(door.wait_turn("a")) for _ in range(3))
+        await asyncio.sleep(0)
+        assert door.held == 3 and door.passes("b")  # another address is not held
+        second.cancel()
+        await asyncio.sleep(0)
+        assert door.held == 2 and second.cancelled()
+        door.leave("a")  # a's request ends: its place goes to the oldest wait
+        await asyncio.sleep(0)
+        assert first.done() and not third.done() and door.held == 1
+        door.leave("a")
+        await asyncio.sleep(0)
+        assert third.done() and door.held == 0
+        door.leave("a")
+        door.leave("b")
+        assert not door.passed and not door.waiting  # nothing kept per address once it has nothing in flight
+
+        assert door.passes("c")
+        given, next_one = asyncio.ensure_future(door.wait_turn("c")), asyncio.ensure_future(door.wait_turn("c"))
+        await asyncio.sleep(0)
+        door.leave("c")  # the turn is given to `given`...
+        given.cancel()  # ...which is cancelled before it runs again: the turn goes on
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert given.cancelled() and next_one.done() and door.held == 0 and door.passed["c"] == 1
+        door.leave("c")
+        assert not door.passed and not door.waiting
+
+    asyncio.run(scenario())
