@@ -5,6 +5,7 @@ text-only prompt."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -261,7 +262,7 @@ def image_prompt(seed: int) -> list[int]:
 def spliced_engine(gemma3, module_tmp_factory) -> Path:
     _, ckpt = gemma3
     return build_engine(ckpt, module_tmp_factory.mktemp("gemma3-splice") / "engine",
-                        Limits(max_batch=1, max_input_len=48, max_seq_len=64))
+                        Limits(max_batch=2, max_input_len=48, max_seq_len=64))
 
 
 def _features_and_session(engine: Path, prompt: list[int], seed: int):
@@ -300,6 +301,34 @@ def test_image_prefill_and_greedy_tokens_equal_transformers_causal_path(gemma3, 
                               np.zeros((1, 1), bool))
     assert got == want_tokens
     assert len(set(want_tokens)) > STEPS // 2
+
+
+def test_image_and_text_requests_through_llm_generate_equal_transformers(gemma3, spliced_engine):
+    """The runtime's pipeline (a PNG through Pillow, the converted processor spec, vision.onnx, the splice) in one
+    generate beside a text request, against transformers' generate on pixels Gemma3ImageProcessorPil makes from the
+    same PNG; the prompt laid out as Gemma3Processor does (boi, the image tokens, eoi), no token_type_ids (the
+    causal path: see test_image_prefill_equals_transformers_with_token_type_ids)."""
+    hf_dir, _ = gemma3
+    source = np.random.default_rng(20).integers(0, 256, (40, 48, 3), np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(source).save(buffer, "PNG")
+    image, text = image_prompt(5), np.random.default_rng(6).integers(3, BOI_TOKEN, 15).tolist()
+    processor = Gemma3ImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if v is not None and k not in (
+        "image_processor_type", "processor_class", "image_seq_length")})
+    pixel_values = processor(Image.open(io.BytesIO(buffer.getvalue())), return_tensors="pt")["pixel_values"]
+    hf = _hf(hf_dir)
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        want = [hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=STEPS, pad_token_id=0,
+                            **kwargs)[0, len(ids):].tolist()
+                for ids, kwargs in ((image, {"pixel_values": pixel_values}), (text, {}))]
+        blind = hf.generate(torch.tensor([image]).clamp(max=BOI_TOKEN - 1), do_sample=False, max_new_tokens=STEPS,
+                            pad_token_id=0)[0, len(image):].tolist()
+    assert want[0] != blind  # the image changes the answer
+    with LLM(spliced_engine, backend="onnxruntime") as llm:
+        got = llm.generate(prompt_token_ids=[image, text], images=[[buffer.getvalue()], []],
+                           params=SamplingParams(temperature=0, max_new_tokens=STEPS, ignore_eos=True))
+    assert [list(o.token_ids) for o in got] == want
 
 
 BIDIRECTIONAL_PENDING = ("the decoder attends causally over an image's tokens; Gemma 3 (VisionSpec image_attention="
