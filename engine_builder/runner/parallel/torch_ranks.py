@@ -115,6 +115,8 @@ class TorchParallelBackend(TorchRuntime):
         self._closed = True
         try:
             self.comm.broadcast_ints(np.array([STOP, 0, 0, 0]), HEADER)
+        except RuntimeError:  # gloo / NCCL: the followers are gone already (a signal to the whole process group)
+            pass
         finally:
             if hasattr(self, "keys"):
                 super().close()
