@@ -14,6 +14,10 @@ the driver's step, as for the onnxruntime ranks (parallel_backend.py's protocol,
 Rank 0 alone keeps the KV bookkeeping (PagedKVCacheManager: admission, growth, prefix reuse, forks) and sends
 each step the block tables of its sequences; a follower keeps only a copy of those rows (BlockTables), which is
 what the decode graphs and the eager step read. pp > 1 is refused: the torch backend runs tensor parallel only.
+
+On CUDA every rank replays decode steps from CUDA graphs with the collectives inside (NCCL >= 2.9.6 captures
+them): the same batches reach every rank, so each captures a bucket at the same step, after that bucket's two
+eager warm-up steps (cuda_graphs.py) have run its collectives outside any capture. Not yet run on GPUs (issue 37).
 """
 
 from __future__ import annotations
