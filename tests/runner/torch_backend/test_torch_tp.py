@@ -111,8 +111,11 @@ def hf_greedy(hf_dir: Path, prompt: list[int]) -> list[int]:
 
 
 def run_ranks(engine: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__,
-                           str(engine)], capture_output=True, text=True, timeout=240)
+    from engine_builder.runner.parallel.launch import free_port
+
+    # a port of its own: torchrun's default 29500 would meet any other torchrun on this host
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), __file__, str(engine)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
