@@ -69,6 +69,9 @@ def run(
                                                     "backend; same answers at temperature 0).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
+    image: Annotated[list[Path] | None, typer.Option(
+        "--image", help="An image for a vision-language engine (PNG, JPEG, WebP, GIF); repeat for several. Each "
+                        "takes an image token's place in the prompt; with none there, the images go first.")] = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -86,6 +89,9 @@ def run(
     SamplingParams(**user)  # invalid values fail here, before the engine is loaded
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    for path in image or ():
+        if not path.is_file():
+            raise InputError(f"--image {path} is not a file; give the path of a PNG, JPEG, WebP or GIF")
     if embed:
         from engine_builder.cli.run_embed import run_embed
 
@@ -111,10 +117,11 @@ def run(
     params = llm.default_params(**user)
     if chat is None:  # an instruct model answers its template; llama.cpp's CLI applies it by default too
         chat = bool(getattr(llm.tokenizer, "chat_template", None))
+    images = [str(path) for path in image] if image else None
     if chat:
-        stream = llm.stream_chat([{"role": "user", "content": text}], params)
+        stream = llm.stream_chat([{"role": "user", "content": text}], params, images=images)
     else:
-        stream = llm.stream(text, params)
+        stream = llm.stream(text, params, images=images)
     with stream:
         for delta in stream:
             if not as_json:

@@ -37,7 +37,7 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
-from engine_builder.runner.vision.image_prompts import ImagePrompts, refuse_image_tokens
+from engine_builder.runner.vision.image_prompts import ImagePrompts, per_prompt, refuse_image_tokens, with_image_tokens
 from engine_builder.util.errors import InputError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -295,16 +295,30 @@ class LLM:
         return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), prompt)
 
     def chat(self, messages: Messages | Sequence[Messages],
-             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Generate the assistant's reply to one conversation (a list of messages) or to several."""
+             params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             images: Any = None) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation (a list of messages) or to several. images: as
+        generate's, per conversation; each goes where its image token is in the messages, else before the last
+        user message's text."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         if not conversations or any(not c for c in conversations):
             raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
-        return self.generate(params=params, prompt_token_ids=[self.encode_chat(c) for c in conversations])
+        per = per_prompt(images, len(conversations)) if images is not None else [[]] * len(conversations)
+        ids = [self.encode_chat(self._image_turn(c, i)) for c, i in zip(conversations, per)]
+        return self.generate(params=params, prompt_token_ids=ids, images=images if images is not None else None)
 
-    def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> TokenStream:
-        ids = [self.encode_chat(messages)]
-        return TokenStream(self, self._generator.start(ids, self._params(params, 1)), None)
+    def stream_chat(self, messages: Messages, params: SamplingParams | None = None, *,
+                    images: Any = None) -> TokenStream:
+        per = per_prompt(images, 1)[0] if images is not None else []
+        ids, prepared = self._with_images([self.encode_chat(self._image_turn(messages, per))], images)
+        return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), None)
+
+    def _image_turn(self, messages: Messages, images: list) -> Messages:
+        """The conversation with an image token per image in its last user message (runner/vision)."""
+        if not images or self.engine.model.vision is None:
+            return messages
+        token = self.tokenizer.convert_ids_to_tokens(self.engine.model.vision.image_token_id)
+        return with_image_tokens(messages, len(images), token)
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list."""
@@ -356,7 +370,8 @@ class LLM:
             raise InputError(f"{self.engine.path} is a text-only engine; images need one built from a "
                              "vision-language checkpoint (e.g. llava)")
         if self._image_prompts is None:
-            self._image_prompts = ImagePrompts(self.engine, threads=self._threads)
+            self._image_prompts = ImagePrompts(self.engine, threads=self._threads,
+                                               bos_token_id=self.tokenizer.bos_token_id)
         prepared = self._image_prompts.prepare_all(ids, images)
         return [p.ids if p is not None else i for p, i in zip(prepared, ids)], prepared
 

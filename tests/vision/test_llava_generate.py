@@ -7,12 +7,14 @@ sharing any, and the one-line refusals."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from cli_process import assert_user_error, trtbuild
 from PIL import Image
 from runner_engines import build_engine, build_paged_engine
 from tiny_llava import IMAGE_TOKEN, tiny_llava
@@ -122,3 +124,28 @@ def test_bad_image_requests_are_one_line_errors(llava, tiny_serve_engine):
     assert llm.backend.kv.num_free == LIMITS.max_batch
     with pytest.raises(InputError, match="text-only engine; images need"):
         LLM(tiny_serve_engine).generate(prompt_token_ids=[[1, 5, 6]], params=GREEDY, images=[png(1)])
+
+
+def test_run_with_images_and_chat_with_images(llava, hf, tmp_path):
+    """`trtbuild run --image` (a prompt without an image token: the image goes first, after BOS) and LLM.chat with
+    an image (an image token before the user's text): transformers' tokens for the same layout."""
+    engine = llava[1]
+    path = tmp_path / "cat.png"
+    path.write_bytes(png(30))
+    proc = trtbuild("run", engine, "--prompt", "w7 w8 w9", "--no-chat", "--image", path, "--max-new-tokens", "6",
+                    "--temperature", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    llm = LLM(engine, backend="onnxruntime")
+    text_ids = llm.encode("w7 w8 w9")
+    at = 1 if text_ids[0] == COMMON["bos_token_id"] else 0
+    want = hf_generate(hf, [*text_ids[:at], IMAGE_TOKEN, *text_ids[at:]], [png(30)], steps=6)
+    assert out["token_ids"] == want
+    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", tmp_path / "missing.png"),
+                      "--image", "is not a file")
+    # chat: the template-less tiny tokenizer has no chat template, so give it one that keeps the content as is
+    llm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    got = llm.chat([{"role": "user", "content": "w7 w8"}], GREEDY, images=[png(31)])[0]
+    ids = llm.encode_chat([{"role": "user", "content": "w300\nw7 w8"}])
+    assert ids.count(IMAGE_TOKEN) == 1
+    assert list(got.token_ids) == hf_generate(hf, ids, [png(31)])

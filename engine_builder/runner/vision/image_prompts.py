@@ -4,7 +4,8 @@ get_image_features do it):
     prompt = ImagePrompts(engine).prepare(prompt_ids, images)    # -> ImagePrompt (runner/core/image_prompt.py)
 
 1. each image token in the prompt stands for one image, in order, and becomes tokens_per_image of them (a
-   prompt that already holds exactly tokens_per_image per image is taken as it is);
+   prompt that already holds exactly tokens_per_image per image is taken as it is; one with none gets the
+   images first);
 2. the images are loaded (bounded, runner/vision/images.py), preprocessed as the model's processor does and
    encoded by the vision graph in one call;
 3. the k-th image-token position takes the k-th feature row: the prefill splices them in (generate.py);
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,9 @@ from engine_builder.util.errors import InputError
 class ImagePrompts:
     features_cache_bytes = 64 << 20  # recent images' features kept (a 576-token CLIP-L image at 4,096 wide: 9 MB)
 
-    def __init__(self, engine: EngineDir, limits: ImageLimits = ImageLimits(), threads: int | None = None) -> None:
+    def __init__(self, engine: EngineDir, limits: ImageLimits = ImageLimits(), threads: int | None = None,
+                 bos_token_id: int | None = None) -> None:
+        self.bos_token_id = bos_token_id
         self.encoder = VisionEncoder(engine, threads)
         self.spec, self.limits, self.vocab = self.encoder.spec, limits, engine.model.vocab_size
         self._recent: OrderedDict[bytes, np.ndarray] = OrderedDict()  # pixels' sha256 -> features, least recent first
@@ -76,11 +79,15 @@ class ImagePrompts:
             self._recent_bytes -= self._recent.popitem(last=False)[1].nbytes
 
     def _expand(self, ids: list[int], images: int) -> list[int]:
-        """One image token per image becomes tokens_per_image of them (HF LlavaProcessor's expansion)."""
+        """One image token per image becomes tokens_per_image of them (HF LlavaProcessor's expansion); a prompt
+        with none gets the images first (after its BOS), llava's "<image>\n{prompt}" layout."""
         token, per = self.spec.image_token_id, self.spec.tokens_per_image
         found = ids.count(token)
         if found == images * per and per > 1:  # already expanded (a tokenized chat template, a client's own ids)
             return ids
+        if found == 0:
+            at = 1 if ids and ids[0] == self.bos_token_id else 0
+            return [*ids[:at], *[token] * (images * per), *ids[at:]]
         if found != images:
             raise InputError(f"the prompt has {found} image token(s) (id {token}) for {images} image(s); put one "
                              "image token in the prompt where each image goes, in order")
@@ -115,3 +122,15 @@ def refuse_image_tokens(ids: Sequence[int], token: int) -> None:
     if token in ids:
         raise InputError(f"the prompt holds the image token (id {token}) but no image was given; pass the image "
                          "(images=..., --image) or take the token out")
+
+
+def with_image_tokens(messages: Sequence[Mapping[str, Any]], images: int, token_text: str) -> list[dict[str, Any]]:
+    """A conversation whose last user message gets one image token per image before its text ("<image>\n..."), as
+    llava's chat format has it, unless the text already holds them."""
+    out = [dict(m) for m in messages]
+    for m in reversed(out):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            if token_text not in m["content"]:
+                m["content"] = f"{token_text}\n" * images + m["content"]
+            return out
+    raise InputError("images need a user message with text content to go with; add one")
