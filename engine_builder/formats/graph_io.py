@@ -9,7 +9,10 @@
     image_embeds     float32 [batch, seq, hidden]  vision models only (ModelConfig.vision set): the image features
                                                   at the image-token positions (anything finite elsewhere: zeros)
     image_mask       bool   [batch, seq]          vision models only: true where image_embeds replaces the token's
-                                                  embedding (HF llava's masked_scatter); all false for text rows
+                                                  embedding (HF llava's masked_scatter); all false for text rows.
+                                                  With VisionSpec.image_attention "bidirectional" (Gemma 3) each run
+                                                  of true (one image) also attends both ways within itself, so an
+                                                  image's tokens must all be in one call (network/masks.py)
     ->
     logits           float32 [batch, 1, vocab]    last position ([batch, seq, vocab] with all_logits;
                                                   [batch, min(seq, T), vocab] with metadata logits_tail = T > 1)

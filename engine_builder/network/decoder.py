@@ -81,11 +81,14 @@ def build_decoder(ckpt_dir: Path, options: NetworkOptions = NetworkOptions()) ->
 
     attn = cfg.block.attention
     window = attn.sliding_window if "sliding_attention" in attn.layer_types else None
+    # Gemma 3: an image's tokens see each other both ways at prefill (network/masks.py image_block_visible)
+    image_blocks = image_inputs[1] if image_inputs and cfg.vision.image_attention == "bidirectional" else None
     if paged:
         masks = paged_masks(b, input_ids, past_lengths, extra_inputs[0], cfg.num_heads, cfg.num_kv_heads,
-                            options.kv_block_size, window, cfg.head_dim)
+                            options.kv_block_size, window, cfg.head_dim, image_blocks)
     else:
-        masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len, window)
+        masks = attention_masks(b, input_ids, past_lengths, cfg.num_kv_heads, options.max_seq_len, window,
+                                image_blocks)
     rotaries = _rotaries(b, position_ids, cfg)
 
     presents: list[ir.Value] = []

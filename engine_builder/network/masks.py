@@ -24,7 +24,9 @@ class AttentionMasks:
 
 
 def attention_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, kv_heads: int,
-                    max_seq: int, sliding_window: int | None) -> AttentionMasks:
+                    max_seq: int, sliding_window: int | None, image_blocks: ir.Value | None = None) -> AttentionMasks:
+    """IMAGE_BLOCKS (a bidirectional vision model's image_mask [batch, seq]): each image's tokens also see each
+    other (image_block_visible)."""
     with b.scope("masks"):
         # (row, step) index grids from cumulative sums of ones: unlike Range over a computed
         # length, they keep the symbolic [batch, seq] shape through shape inference
@@ -46,15 +48,19 @@ def attention_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value
                              axis=-1, name="kv_write_indices")  # [batch, kv_heads, seq, 3]
 
         slots = b.tensor(np.arange(max_seq, dtype=np.int64), "masks.kv_slots")  # [max_seq]
-        full, sliding = causal_biases(b, slots, query_pos, sliding_window)  # [batch, 1, seq, max_seq]
+        both_ways = None if image_blocks is None else image_block_visible(b, image_blocks, positions, slots)
+        full, sliding = causal_biases(b, slots, query_pos, sliding_window, both_ways)  # [batch, 1, seq, max_seq]
     return AttentionMasks(write_indices, full, sliding)
 
 
-def causal_biases(b: GraphBuilder, slots: ir.Value, query_pos: ir.Value,
-                  sliding_window: int | None) -> tuple[ir.Value, ir.Value | None]:
+def causal_biases(b: GraphBuilder, slots: ir.Value, query_pos: ir.Value, sliding_window: int | None,
+                  also_visible: ir.Value | None = None) -> tuple[ir.Value, ir.Value | None]:
     """Additive attention biases of cache positions SLOTS [L] for queries at QUERY_POS [batch, 1, seq, 1]:
-    0 where visible (causal; within the window for the sliding one), the dtype's lowest value elsewhere."""
+    0 where visible (causal, or ALSO_VISIBLE [batch, 1, seq, L]; within the window for the sliding one), the
+    dtype's lowest value elsewhere."""
     visible = b.op("LessOrEqual", slots, query_pos)  # [batch, 1, seq, L]
+    if also_visible is not None:  # not the plain causal mask: no lowering pass takes it for one (attention_block.py)
+        visible = b.op("Or", visible, also_visible)
     zero, hidden = b.const(0.0), b.const(float(ml_dtypes.finfo(b.dtype.numpy()).min))
     full = b.op("Where", visible, zero, hidden, name="causal_bias")
     sliding = None
@@ -63,3 +69,28 @@ def causal_biases(b: GraphBuilder, slots: ir.Value, query_pos: ir.Value,
         in_window = b.op("And", visible, b.op("Greater", slots, window_start))
         sliding = b.op("Where", in_window, zero, hidden, name="sliding_bias")
     return full, sliding
+
+
+def image_block_visible(b: GraphBuilder, image_mask: ir.Value, positions: ir.Value, slots: ir.Value) -> ir.Value:
+    """Which cache positions SLOTS [L] a query sees beyond causality in a bidirectional vision model (Gemma 3): the
+    tokens of its own image, ahead of it too. An image is a run of true in IMAGE_MASK [batch, seq] at this step's
+    POSITIONS [batch, seq]; transformers' get_block_sequence_ids_for_mask numbers the runs the same way, and its
+    masks are OR(causal, same image), and that inside the window on sliding layers. Only this step's tokens are
+    numbered, so an image must be prefilled in one call (its tokens before the step are seen causally anyway).
+    -> bool [batch, 1, seq, L]"""
+    with b.scope("image_blocks"):
+        first_col = b.op("Concat", b.op("Shape", image_mask, start=0, end=1), b.ints([1]), axis=0)  # [2]: batch, 1
+        no = b.op("ConstantOfShape", first_col, value=ir.tensor([False]))  # [batch, 1]
+        before = b.op("Concat", no, b.op("Slice", image_mask, b.ints([0]), b.ints([-1]), b.ints([1])),
+                      axis=1)  # [batch, seq]: the previous token is an image's
+        starts = b.op("And", image_mask, b.op("Not", before))  # [batch, seq]: an image's first token
+        number = b.op("CumSum", b.cast(starts, INT64), b.const(1, INT64))  # [batch, seq]: 1, 2.. per image
+        zero = b.const(0, INT64)
+        image_id = b.op("Where", image_mask, number, zero)  # [batch, seq]: 0 for text tokens
+        # the same numbers over cache positions: this step's tokens at their positions, 0 elsewhere
+        slot_shape = b.op("Concat", b.op("Shape", image_mask, start=0, end=1), b.op("Shape", slots), axis=0)
+        slot_id = b.op("ScatterElements", b.op("ConstantOfShape", slot_shape, value=ir.tensor([0], dtype=INT64)),
+                       positions, image_id, axis=1)  # [batch, L]
+        query_id = b.op("Unsqueeze", image_id, b.ints([1, 3]))  # [batch, 1, seq, 1]
+        same = b.op("Equal", query_id, b.op("Unsqueeze", slot_id, b.ints([1, 2])))  # [batch, 1, seq, L]
+        return b.op("And", same, b.op("Greater", query_id, zero), name="same_image")

@@ -29,7 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from engine_builder.network.builder import FLOAT, INT64, GraphBuilder
-from engine_builder.network.masks import AttentionMasks, causal_biases
+from engine_builder.network.masks import AttentionMasks, causal_biases, image_block_visible
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class PagedMasks(AttentionMasks):
 
 def paged_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, block_table: ir.Value,
                 heads: int, kv_heads: int, block_size: int, sliding_window: int | None,
-                head_dim: int) -> PagedMasks:
+                head_dim: int, image_blocks: ir.Value | None = None) -> PagedMasks:
     with b.scope("masks"):
         # (row, step) index grids from cumulative sums of ones, as masks.py writes them
         ones = b.op("ConstantOfShape", b.op("Shape", input_ids), value=ir.tensor([1], dtype=INT64))
@@ -74,7 +74,8 @@ def paged_masks(b: GraphBuilder, input_ids: ir.Value, past_lengths: ir.Value, bl
         width = b.op("Mul", b.op("Shape", block_table, start=1, end=2), size)  # [1]
         slots = b.op("Sub", b.op("CumSum", b.op("ConstantOfShape", width, value=ir.tensor([1], dtype=INT64)),
                                  b.const(0, INT64)), one)  # [L]
-        full, sliding = causal_biases(b, slots, query_pos, sliding_window)  # [batch, 1, seq, L]
+        both_ways = None if image_blocks is None else image_block_visible(b, image_blocks, positions, slots)
+        full, sliding = causal_biases(b, slots, query_pos, sliding_window, both_ways)  # [batch, 1, seq, L]
         rep = heads // kv_heads
         # score row r * seq + t (query head kv * rep + r, step t) takes step t's mask: [1, batch, rep * seq, L]
         full, sliding = (None if m is None else b.op("Tile", b.op("Transpose", m, perm=[1, 0, 2, 3]),

@@ -18,6 +18,9 @@ import transformers
 from cli_process import assert_user_error, trtbuild
 from runner_engines import build_engine, build_paged_engine
 from safetensors.torch import load_file
+from tiny_gemma3 import BOI_TOKEN, EOI_TOKEN, TOKENS_PER_IMAGE, tiny_gemma3
+from tiny_gemma3 import IMAGE_SIZE as GEMMA3_SIZE
+from tiny_gemma3 import IMAGE_TOKEN as GEMMA3_IMAGE
 from tiny_llava import IMAGE_TOKEN, tiny_llava
 from tiny_models import COMMON
 
@@ -254,3 +257,73 @@ def test_vision_onnx_is_a_verified_file_and_a_changed_byte_is_refused(llava, tmp
     proc = trtbuild("verify", engine)
     assert_user_error(proc, "1 of", VISION_MODEL, f"trtbuild build <ckpt-dir> {engine} --force")
     assert {v.name: v.status for v in verify_engine_dir(engine)}[VISION_MODEL] == "modified"
+
+
+@pytest.fixture(scope="module")
+def gemma3(module_tmp_factory) -> tuple[Path, Path, Path]:
+    """A tiny Gemma3ForConditionalGeneration (image_attention "bidirectional"): HF dir, checkpoint, engine."""
+    root = module_tmp_factory.mktemp("gemma3-splice")
+    hf_dir = tiny_gemma3(root / "hf")
+    convert(hf_dir, root / "ckpt", dtype="float32")
+    return hf_dir, root / "ckpt", build_engine(root / "ckpt", root / "engine", LIMITS)
+
+
+def gemma3_prompt(seed: int, images: int = 2) -> list[int]:
+    """[bos, text, (boi, image tokens, eoi, text) per image], as Gemma3Processor lays images out."""
+    text = np.random.default_rng(seed).integers(3, BOI_TOKEN, 4 * (images + 1)).tolist()
+    prompt = [COMMON["bos_token_id"], *text[:4]]
+    for i in range(images):
+        prompt += [BOI_TOKEN, *[GEMMA3_IMAGE] * TOKENS_PER_IMAGE, EOI_TOKEN, *text[4 * (i + 1):4 * (i + 2)]]
+    return prompt
+
+
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_gemma3_images_attend_both_ways_as_transformers_with_token_type_ids(gemma3, tmp_path, layout):
+    """Gemma 3's image tokens see their whole image at prefill (transformers' token_type_ids block mask: OR(causal,
+    same image), inside the window on sliding layers), the two images not each other: two images in one prompt, the
+    last-position logits and greedy tokens of generate given the token_type_ids Gemma3Processor makes."""
+    hf_dir, ckpt, engine = gemma3
+    if layout == "paged":
+        engine = build_paged_engine(ckpt, tmp_path / "paged", LIMITS, block=16)
+    # GroupQueryAttention is causal only: the slot layout's lowering must leave these blocks alone (the paged
+    # lowering only reorders the pool writes and keeps the mask)
+    assert {r["name"]: r["matches"] for r in EngineManifest.load(engine).passes["onnxruntime"]}[
+        "lower_ort_attention"] == 0
+    hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32,
+                                                                     attn_implementation="eager").eval()
+    hf.generation_config.eos_token_id = None
+    prompt = gemma3_prompt(9)
+    pixel_values = np.random.default_rng(10).standard_normal((2, 3, GEMMA3_SIZE, GEMMA3_SIZE)).astype(np.float32)
+    vision = ort.InferenceSession(str(engine / VISION_MODEL), providers=["CPUExecutionProvider"])
+    features = vision.run(None, {"pixel_values": pixel_values})[0]  # [2, tokens, hidden]
+    ids = np.array([prompt])
+    mask = ids == GEMMA3_IMAGE
+    embeds = np.zeros((1, len(prompt), HIDDEN), np.float32)
+    embeds[mask] = features.reshape(-1, HIDDEN)
+    hf_inputs = dict(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values),
+                     token_type_ids=torch.from_numpy(mask.astype(np.int64)))
+    with torch.no_grad():
+        want = hf(**hf_inputs).logits[0, -1].numpy()
+        causal = hf(**{**hf_inputs, "token_type_ids": None}).logits[0, -1].numpy()
+        want_tokens = hf.generate(**hf_inputs, do_sample=False, max_new_tokens=STEPS,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+    assert np.abs(want - causal).max() > 0.02  # the block mask changes the answer
+    if layout == "paged":
+        session = ort.InferenceSession(str(engine / ORT_MODEL), providers=["CPUExecutionProvider"])
+        cfg = EngineManifest.load(engine).model
+        blocks = -(-len(prompt) // 16)
+        pool = np.zeros((cfg.num_kv_heads, blocks + 1, 16, cfg.head_dim), np.float32)
+        got = session.run([io.LOGITS], {
+            io.INPUT_IDS: ids, io.POSITION_IDS: np.arange(len(prompt))[None], io.PAST_LENGTHS: np.zeros(1, np.int64),
+            io.BLOCK_TABLE: np.arange(1, blocks + 1)[None], io.IMAGE_EMBEDS: embeds, io.IMAGE_MASK: mask,
+            **{name(i): pool.copy() for i in range(cfg.num_layers) for name in (io.kv_pool_key, io.kv_pool_value)}})
+        np.testing.assert_allclose(got[0][0, -1], want, rtol=0, atol=2e-5)
+        return
+    session = SlotSession(engine, rows=1)
+    logits = session.step(ids, embeds, mask)
+    np.testing.assert_allclose(logits[0], want, rtol=0, atol=2e-5)
+    tokens = []
+    for _ in range(STEPS):
+        tokens.append(int(logits[0].argmax()))
+        logits = session.step(np.array([[tokens[-1]]]), np.zeros((1, 1, HIDDEN), np.float32), np.zeros((1, 1), bool))
+    assert tokens == want_tokens
