@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine_builder.executor.request import RequestHandle, TokenEvent
+from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.engine_step import run_engine_step
@@ -89,7 +90,8 @@ class Executor:
 
     # --- the client's side ----------------------------------------------------------------------
 
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+               image: ImagePrompt | None = None) -> RequestHandle:
         """Queue a request and return its handle. Raises here, in the caller's thread: InputError /
         CapacityError for a request the engine can never run (Generator.check), CapacityError when
         max_queue requests already wait, InputError after shutdown."""
@@ -99,7 +101,7 @@ class Executor:
         self._generator.check(ids, params)
         self._scheduler.check(ids, params)
         request_id = next(self._ids)
-        state = self._generator.new_request(request_id, ids, params)  # checks the ids against the vocab
+        state = self._generator.new_request(request_id, ids, params, image)  # checks the ids against the vocab
         handle = RequestHandle(request_id, tuple(ids), params, self._cancel)
         handle.prompt_logprobs = state.prompt_logprobs  # filled by this thread's prefill, before any event
         with self._lock:

@@ -29,6 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 PLACEHOLDER = "\ue000{nonce}:{index}\ue001"  # U+E000 / U+E001: private use, no tokenizer or template special
+# where an image content part stands in a message's text (openai_schemas.ChatMessage.text, which drops the
+# character from what clients wrote): replaced by the model's image token, which the client cannot write
+IMAGE_MARK = "\ue002"
 
 
 class ChatTokens:
@@ -47,9 +50,11 @@ class ChatTokens:
         self._text_only: Any = None
         self._lock = threading.Lock()
 
-    def encode(self, messages: list[dict[str, Any]], tools: Sequence[Any] | None) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]], tools: Sequence[Any] | None,
+               image_text: str | None = None) -> list[int]:
+        """image_text: the model's image token, put where each IMAGE_MARK is (after the client's text is hidden)."""
         if self._parse or self._pattern is None:
-            return self._llm.encode_chat(messages, tools)
+            return self._llm.encode_chat(_images_at_marks(messages, image_text), tools)
         nonce = secrets.token_hex(8)
         found: list[str] = []  # the special texts met, by placeholder index
 
@@ -62,9 +67,10 @@ class ChatTokens:
                 return [hide(v) for v in value]
             return value
 
-        hidden_messages, hidden_tools = hide(messages), hide(list(tools)) if tools else tools
+        hidden_messages = _images_at_marks(hide(messages), image_text)
+        hidden_tools = hide(list(tools)) if tools else tools
         if not found:
-            return self._llm.encode_chat(messages, tools)
+            return self._llm.encode_chat(_images_at_marks(messages, image_text), tools)
         prompt = self._llm.apply_chat_template(hidden_messages, hidden_tools)
         restore = re.compile(re.escape("\ue000" + nonce + ":") + r"(\d+)\ue001")
         ids: list[int] = []
@@ -93,3 +99,10 @@ class ChatTokens:
 def _placeholder(nonce: str, found: list[str], special: str) -> str:
     found.append(special)
     return PLACEHOLDER.format(nonce=nonce, index=len(found) - 1)
+
+
+def _images_at_marks(messages: list[dict[str, Any]], image_text: str | None) -> list[dict[str, Any]]:
+    if image_text is None:
+        return messages
+    return [{**m, "content": m["content"].replace(IMAGE_MARK, image_text)} if isinstance(m.get("content"), str)
+            else m for m in messages]

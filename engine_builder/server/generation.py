@@ -39,9 +39,11 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine_builder.executor import Executor, RequestHandle, TokenEvent
+from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.grammar import Constraint
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.vision.image_prompts import ImagePrompts
 from engine_builder.server.access_log import track
 from engine_builder.server.chat_tokens import ChatTokens
 from engine_builder.server.client_share import ClientShare
@@ -82,6 +84,7 @@ class ServerState:
     active: int = 0  # admitted generation requests not yet closed
     token_texts: TokenTexts = field(init=False)
     chat_tokens: ChatTokens = field(init=False)  # chat messages as text (chat_tokens.py)
+    image_prompts: ImagePrompts | None = field(init=False, default=None)  # a vision-language engine's, on first use
     requests: set[ActiveRequest] = field(init=False, default_factory=set)  # the admitted ones, for shutdown
     client_share: ClientShare | None = field(init=False)  # per-client fairness (client_share.py); None: off
 
@@ -184,12 +187,13 @@ def check_lengths(config: ServerConfig, prompt_len: int, new_tokens: int, new_to
 
 
 def admit(state: ServerState, prompt_ids: Sequence[int], params: SamplingParams,
-          new_tokens_field: str) -> ActiveRequest:
-    """Check the server's limits, then hand the request to the executor. Raises ApiError."""
+          new_tokens_field: str, image: ImagePrompt | None = None) -> ActiveRequest:
+    """Check the server's limits, then hand the request to the executor (image: a prompt's images, whose ids
+    prompt_ids are). Raises ApiError."""
     check_lengths(state.config, len(prompt_ids), params.max_new_tokens, new_tokens_field)
     check_capacity(state)  # again: other requests were admitted while this one was tokenized
     try:
-        handle = state.executor.submit(prompt_ids, params)
+        handle = state.executor.submit(prompt_ids, params, image)
     except TrtbuildError as exc:
         if not state.executor.alive:  # shut down or broken: not the request's fault (503, not 422)
             raise ApiError(UNAVAILABLE, f"{exc}; this server cannot generate any more, restart it") from None
@@ -357,3 +361,29 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close(not self._ended)
+
+
+async def with_images(state: ServerState, ids: list[int],
+                      images: Sequence[str]) -> tuple[list[int], ImagePrompt | None]:
+    """A prompt's images (data: URLs) decoded, encoded and spliced, off the event loop (runner/vision/): its
+    expanded ids and the ImagePrompt to submit with them. Raises ApiError (400) for an image it cannot take."""
+    if not images:
+        return ids, None
+    llm = state.executor.llm
+    if llm.engine.model.vision is None:
+        raise ApiError(VALIDATION, f"{state.config.model_name} is a text-only model and takes no images; send text "
+                                   "content only")
+    if state.image_prompts is None:
+        state.image_prompts = ImagePrompts(llm.engine, bos_token_id=llm.tokenizer.bos_token_id)
+    try:
+        image = await off_loop(state.image_prompts.prepare, ids, list(images))
+    except TrtbuildError as exc:
+        raise from_trtbuild_error(exc) from None
+    return image.ids, image
+
+
+def image_token_text(state: ServerState) -> str | None:
+    """The text of the model's image token (where an image content part goes in a chat), None without vision."""
+    llm = state.executor.llm
+    vision = llm.engine.model.vision
+    return None if vision is None else llm.tokenizer.convert_ids_to_tokens(vision.image_token_id)

@@ -37,10 +37,12 @@ from engine_builder.server.generation import (
     check_top_logprobs,
     clamp_top_k,
     failed_sse,
+    image_token_text,
     max_new_tokens,
     off_loop,
     server_state,
     sse,
+    with_images,
 )
 from engine_builder.server.http_errors import MODEL_NOT_FOUND, VALIDATION, ApiError
 from engine_builder.server.openai_choices import admit_n, check_n, interleaved, n_outputs, usage
@@ -248,7 +250,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
     tool_plan = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages, tools = tool_calls.render(body.messages, tool_plan,
                                         tool_calls.template_knows_tools(state.executor.llm.tokenizer))
-    ids = await off_loop(state.chat_tokens.encode, messages, tools)
+    images = [url for m in body.messages for url in m.images()]
+    ids = await off_loop(state.chat_tokens.encode, messages, tools, image_token_text(state) if images else None)
+    ids, image = await with_images(state, ids, images)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     new_tokens = max_new_tokens(state, len(ids), requested, None, field)
@@ -265,17 +269,17 @@ async def chat_completions(request: Request, body: ChatCompletionRequest,
                 "finish_reason": "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason}
 
     if body.n > 1 and not body.stream:
-        outs, n_usage = await n_outputs(state, request, ids, params, field, body.n)
+        outs, n_usage = await n_outputs(state, request, ids, params, field, body.n, image)
         make = _envelope("chat.completion", state.config.model_name)
         return make(choices=[whole(i, out) for i, out in enumerate(outs)], usage=n_usage)
     if body.stream:
         make = _envelope("chat.completion.chunk", state.config.model_name)
-        actives = admit_n(state, ids, params, field, body.n)
+        actives = admit_n(state, ids, params, field, body.n, image)
         choices: list[Choice] = [tool_calls.StreamedChoice(tool_plan, lambda lp: _chat_logprobs(state, [lp]))
                                  for _ in actives]
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return _stream(actives, body, make, choices, first)
-    active = admit(state, ids, params, field)
+    active = admit(state, ids, params, field, image)
     out = await active.output(request)
     make = _envelope("chat.completion", state.config.model_name)
     return make(choices=[whole(0, out)], usage=_usage(active))

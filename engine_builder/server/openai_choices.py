@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import Request
 
 from engine_builder.executor import TokenEvent
+from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.generation import ActiveRequest, ServerState, admit
@@ -28,13 +29,13 @@ def check_n(n: int) -> None:
 
 
 def admit_n(state: ServerState, ids: Sequence[int], params: SamplingParams, new_tokens_field: str,
-            n: int) -> list[ActiveRequest]:
+            n: int, image: ImagePrompt | None = None) -> list[ActiveRequest]:
     """n requests for one prompt, all admitted or none (an admitted one is closed if a later one fails)."""
     actives: list[ActiveRequest] = []
     try:
         for i in range(n):
             seeded = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-            actives.append(admit(state, ids, seeded, new_tokens_field))
+            actives.append(admit(state, ids, seeded, new_tokens_field, image))
     except BaseException:
         for a in actives:
             a.close()
@@ -49,9 +50,10 @@ def usage(actives: Sequence[ActiveRequest]) -> dict[str, int]:
 
 
 async def n_outputs(state: ServerState, request: Request, ids: Sequence[int], params: SamplingParams,
-                    new_tokens_field: str, n: int) -> tuple[list[RequestOutput], dict[str, int]]:
+                    new_tokens_field: str, n: int, image: ImagePrompt | None = None
+                    ) -> tuple[list[RequestOutput], dict[str, int]]:
     """Each choice's output, and the usage of them all."""
-    actives = admit_n(state, ids, params, new_tokens_field, n)
+    actives = admit_n(state, ids, params, new_tokens_field, n, image)
     outputs = await asyncio.gather(*(a.output(request) for a in actives))
     return list(outputs), usage(actives)
 

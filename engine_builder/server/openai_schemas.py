@@ -9,10 +9,11 @@ repetition_penalty and the guided_* fields are accepted as extensions, with vLLM
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine_builder.server.chat_tokens import IMAGE_MARK
 from engine_builder.server.schema_types import Text
 from engine_builder.server.structured_output import ResponseFormat
 from engine_builder.server.tool_calls import Tool, ToolCall, ToolChoice
@@ -68,21 +69,43 @@ class TextPart(BaseModel):
     text: Text
 
 
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: Text = Field(description="data:image/png;base64,... (the server fetches no http(s) URL)")
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's processor decides the size
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # a client echoes back assistant messages with fields of its own
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None  # None: an assistant turn that only called tools
+    # None: an assistant turn that only called tools; image parts for a vision-language model
+    content: Text | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
     name: Text | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (server/tool_calls.py)
     tool_call_id: Text | None = None  # a tool message answers this call
 
     def text(self) -> str:
+        """The content as text, each image part as IMAGE_MARK (where its image token goes: chat_tokens.py)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+            return self.content.replace(IMAGE_MARK, "")
+        return "".join(IMAGE_MARK + "\n" if isinstance(p, ImagePart) else p.text.replace(IMAGE_MARK, "")
+                       for p in self.content)  # llava's "<image>\n"
+
+    def images(self) -> list[str]:
+        """The image parts' URLs, in order."""
+        return [p.image_url.url for p in self.content or () if isinstance(p, ImagePart)] \
+            if isinstance(self.content, list) else []
 
 
 class ChatCompletionRequest(SamplingFields):

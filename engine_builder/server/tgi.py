@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,10 +41,12 @@ from engine_builder.server.generation import (
     check_top_logprobs,
     clamp_top_k,
     failed_sse,
+    image_token_text,
     max_new_tokens,
     off_loop,
     server_state,
     sse,
+    with_images,
 )
 from engine_builder.server.http_errors import VALIDATION, ApiError
 from engine_builder.server.openai_choices import MAX_N, admit_n
@@ -143,15 +146,30 @@ async def _start(state: ServerState, body: TgiRequest, stream: bool) -> list[Act
     check_top_logprobs(state.config, p.top_n_tokens, "top_n_tokens")
     check_stop(state.config, p.stop)
     check_capacity(state)
-    ids = await off_loop(state.executor.llm.encode, body.inputs)
+    inputs, images = _markdown_images(state, body.inputs)
+    ids = await off_loop(state.executor.llm.encode, inputs)
     if p.truncate is not None:
         ids = ids[-p.truncate:]
+    ids, image = await with_images(state, ids, images)
     params = _sampling(state, p, len(ids), stream)
     check_lengths(state.config, len(ids), params.max_new_tokens, "max_new_tokens")  # before any compile
     await check_constraint(state, params)
     if (p.best_of or 1) > 1:
-        return admit_n(state, ids, params, "max_new_tokens", p.best_of)
-    return [admit(state, ids, params, "max_new_tokens")]
+        return admit_n(state, ids, params, "max_new_tokens", p.best_of, image)
+    return [admit(state, ids, params, "max_new_tokens", image)]
+
+
+MARKDOWN_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")  # TGI's image input: ![](data:image/png;base64,...)
+
+
+def _markdown_images(state: ServerState, inputs: str) -> tuple[str, list[str]]:
+    """A vision-language model's inputs with each markdown image replaced by its image token, and their URLs in
+    order (TGI's multimodal inputs); a text-only model's inputs as they are."""
+    token = image_token_text(state)
+    if token is None:
+        return inputs, []
+    urls = MARKDOWN_IMAGE.findall(inputs)
+    return (MARKDOWN_IMAGE.sub(lambda _: token, inputs) if urls else inputs), urls
 
 
 def _token(state: ServerState, token_id: int, logprob: float | None, text: str | None = None) -> dict[str, Any]:
