@@ -213,6 +213,8 @@ class Generator:
         start = self.load_cached_prefix(r)
         scored = r.prompt_logprobs is not None and not r.token_ids
         end = len(context) if max_tokens is None else min(len(context), start + max_tokens)
+        if r.image is not None:  # an image that attends both ways is prefilled in one call
+            end = r.image.chunk_end(start, end)
         if end == len(context) and r.sampling.grammar is not None:
             r.sampling.grammar.prefetch()
         if scored:

@@ -34,6 +34,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 from converters.archs.gemma3 import Gemma3Converter, Gemma3TextConverter, image_processor
 from converters.convert import convert
 from engine_builder import LLM, SamplingParams
+from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
@@ -277,10 +278,10 @@ def _features_and_session(engine: Path, prompt: list[int], seed: int):
     return pixel_values, (ids, embeds, mask), SlotSession(engine, rows=1)
 
 
-def test_image_prefill_and_greedy_tokens_equal_transformers_causal_path(gemma3, spliced_engine):
+def test_image_prefill_and_greedy_tokens_equal_transformers(gemma3, spliced_engine):
     """The decoder's splice (features after the sqrt(hidden) embedding scale, unscaled, as Gemma3Model's
-    masked_scatter) with vision.onnx's features: the prefill logits and greedy tokens of transformers given no
-    token_type_ids, where every token attends causally."""
+    masked_scatter) with vision.onnx's features, an image's tokens attending to each other both ways: the prefill
+    logits and greedy tokens of transformers given Gemma3Processor's token_type_ids."""
     hf_dir, _ = gemma3
     prompt = image_prompt(1)
     pixel_values, inputs, session = _features_and_session(spliced_engine, prompt, 3)
@@ -288,11 +289,16 @@ def test_image_prefill_and_greedy_tokens_equal_transformers_causal_path(gemma3, 
     hf.generation_config.eos_token_id = None
     logits = session.step(*inputs)
     with torch.no_grad():
-        want = hf(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values)).logits[0, -1]
+        types = torch.from_numpy(inputs[2].astype(np.int64))  # 1 at the image's tokens
+        want = hf(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values),
+                  token_type_ids=types).logits[0, -1]
+        causal = hf(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values)).logits[0, -1]
         blind = hf(input_ids=torch.tensor([prompt]).clamp(max=BOI_TOKEN - 1)).logits[0, -1]
         want_tokens = hf.generate(torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values),
-                                  do_sample=False, max_new_tokens=STEPS, pad_token_id=0)[0, len(prompt):].tolist()
+                                  token_type_ids=types, do_sample=False, max_new_tokens=STEPS,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
     assert float((want - blind).abs().max()) > 0.5  # the image changes the answer
+    assert float((want - causal).abs().max()) > 0.01  # and attending both ways within it does too
     np.testing.assert_allclose(logits[0], want.numpy(), rtol=0, atol=2e-5)
     got = []
     for _ in range(STEPS):
@@ -306,8 +312,7 @@ def test_image_prefill_and_greedy_tokens_equal_transformers_causal_path(gemma3, 
 def test_image_and_text_requests_through_llm_generate_equal_transformers(gemma3, spliced_engine):
     """The runtime's pipeline (a PNG through Pillow, the converted processor spec, vision.onnx, the splice) in one
     generate beside a text request, against transformers' generate on pixels Gemma3ImageProcessorPil makes from the
-    same PNG; the prompt laid out as Gemma3Processor does (boi, the image tokens, eoi), no token_type_ids (the
-    causal path: see test_image_prefill_equals_transformers_with_token_type_ids)."""
+    same PNG; the prompt laid out as Gemma3Processor does (boi, the image tokens, eoi), with its token_type_ids."""
     hf_dir, _ = gemma3
     source = np.random.default_rng(20).integers(0, 256, (40, 48, 3), np.uint8)
     buffer = io.BytesIO()
@@ -321,7 +326,9 @@ def test_image_and_text_requests_through_llm_generate_equal_transformers(gemma3,
     with torch.no_grad():
         want = [hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=STEPS, pad_token_id=0,
                             **kwargs)[0, len(ids):].tolist()
-                for ids, kwargs in ((image, {"pixel_values": pixel_values}), (text, {}))]
+                for ids, kwargs in ((image, {"pixel_values": pixel_values,
+                                             "token_type_ids": torch.tensor([[int(t == IMAGE_TOKEN) for t in image]])}),
+                                    (text, {}))]
         blind = hf.generate(torch.tensor([image]).clamp(max=BOI_TOKEN - 1), do_sample=False, max_new_tokens=STEPS,
                             pad_token_id=0)[0, len(image):].tolist()
     assert want[0] != blind  # the image changes the answer
@@ -331,19 +338,23 @@ def test_image_and_text_requests_through_llm_generate_equal_transformers(gemma3,
     assert [list(o.token_ids) for o in got] == want
 
 
-BIDIRECTIONAL_PENDING = ("the decoder attends causally over an image's tokens; Gemma 3 (VisionSpec image_attention="
-                         "'bidirectional', transformers' token_type_ids block mask) lets each see the whole image at "
-                         "prefill: network/decoder.py's mask, issue 35")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BIDIRECTIONAL_PENDING)
-def test_image_prefill_equals_transformers_with_token_type_ids(gemma3, spliced_engine):
-    """What Gemma3Processor and generate give: token_type_ids marking the image, each image's tokens attending to
-    each other both ways (OR(causal, same image), inside the window on sliding layers)."""
-    hf_dir, _ = gemma3
-    prompt = image_prompt(1)
-    pixel_values, inputs, session = _features_and_session(spliced_engine, prompt, 3)
-    with torch.no_grad():
-        want = _hf(hf_dir)(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pixel_values),
-                           token_type_ids=torch.from_numpy(inputs[2].astype(np.int64))).logits[0, -1]
-    np.testing.assert_allclose(session.step(*inputs)[0], want.numpy(), rtol=0, atol=2e-5)
+def test_a_chunked_prefill_never_ends_inside_an_image(gemma3, spliced_engine):
+    """The decoder sees an image's both-ways attention among one call's tokens only: under a 3-token step budget the
+    executor's chunks stop before the image or run through it, and the answer is LLM.generate's (one call)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (40, 48, 3), np.uint8)).save(buffer, "PNG")
+    prompt, params = image_prompt(8), SamplingParams(temperature=0, max_new_tokens=STEPS, ignore_eos=True)
+    with LLM(spliced_engine, backend="onnxruntime", prefix_cache=False) as llm:
+        want = llm.generate(prompt_token_ids=[prompt], params=params, images=[buffer.getvalue()])[0].token_ids
+        image = llm._image_prompts.prepare(prompt, [buffer.getvalue()])
+        first = int(image.positions[0])
+        assert [image.chunk_end(0, e) for e in (first, first + 1, first + 3)] == [first, first, first]
+        assert image.chunk_end(first, first + 1) == first + TOKENS_PER_IMAGE
+        with Executor(llm, SchedulerConfig(max_tokens_per_step=3)) as executor:
+            long = SamplingParams(temperature=0, max_new_tokens=55, ignore_eos=True)
+            text = executor.submit(np.random.default_rng(9).integers(3, BOI_TOKEN, 5).tolist(), long)
+            next(text.events(timeout=60))  # the image request arrives while the text one decodes: chunked prefill
+            got = executor.submit(image.ids, params, image).result(timeout=120)
+            text.result(timeout=120)
+            assert executor.stats().chunked_prefill_steps > 0
+    assert got.token_ids == want

@@ -28,7 +28,7 @@ from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.vision.image_processor import preprocess
 from engine_builder.runner.vision.images import ImageLimits, ImageSource, load_image
 from engine_builder.runner.vision.vision_encoder import VisionEncoder
-from engine_builder.util.errors import InputError
+from engine_builder.util.errors import InputError, UnsupportedError
 
 
 class ImagePrompts:
@@ -39,6 +39,10 @@ class ImagePrompts:
         self.bos_token_id = bos_token_id
         self.encoder = VisionEncoder(engine, threads)
         self.spec, self.limits, self.vocab = self.encoder.spec, limits, engine.model.vocab_size
+        if self.spec.image_attention == "bidirectional" and self.spec.tokens_per_image > engine.limits.max_input_len:
+            raise UnsupportedError(f"an image is {self.spec.tokens_per_image} tokens, prefilled in one call, but "
+                                   f"{engine.path} takes at most {engine.limits.max_input_len} (max_input_len); "
+                                   "rebuild it with a larger --max-input-len")
         self._recent: OrderedDict[bytes, np.ndarray] = OrderedDict()  # pixels' sha256 -> features, least recent first
         self._recent_bytes = 0
 
@@ -56,7 +60,8 @@ class ImagePrompts:
             first = self.vocab + (int.from_bytes(digest[:5], "little")) * spec.tokens_per_image  # never a token id
             for j, at in enumerate(positions[i * spec.tokens_per_image:(i + 1) * spec.tokens_per_image]):
                 key[at] = first + j
-        return ImagePrompt(ids, positions, features.reshape(-1, features.shape[-1]), key)
+        return ImagePrompt(ids, positions, features.reshape(-1, features.shape[-1]), key,
+                           whole=spec.image_attention == "bidirectional")
 
     def _features(self, pixels: list[np.ndarray], digests: list[bytes]) -> np.ndarray:
         """The vision graph's features of each image, one call for those not seen lately: a repeated image (a
