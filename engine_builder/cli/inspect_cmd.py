@@ -19,7 +19,12 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Show what an engine dir holds and whether it can run on this machine (decided without loading it)."""
-    from engine_builder.runner.engine_summary import describe_quantization, quantization_of, summarize
+    from engine_builder.runner.engine_summary import (
+        describe_quantization,
+        describe_vision,
+        quantization_of,
+        summarize,
+    )
 
     summary = summarize(engine_dir)
     m = summary.manifest
@@ -42,6 +47,7 @@ def inspect(
                     "passes": pass_counts(m.passes), "tensorrt": tensorrt_summary(m.tensorrt),
                     "files": summary.files,
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
+                    "vision": describe_vision(m.model) if m.model is not None else None,
                     "integrity": integrity,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
                                 "torch": {"ok": torch_ok, "reason": torch_why},
@@ -58,6 +64,8 @@ def inspect(
                           f"encoder, {enc.pooling.mode} pooling{normalized}, {model.hidden_size} dimensions")
         if (experts := describe_moe(model)) is not None:
             table.add_row("experts", experts)
+        if (vision := describe_vision(model)) is not None:
+            table.add_row("vision", vision)
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""

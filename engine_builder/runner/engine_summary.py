@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_builder.formats.manifest import ENGINE_FILE, ORT_MODEL, EngineManifest
+from engine_builder.formats.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,15 @@ def describe_quantization(q: dict[str, Any]) -> str:
     if q["onnxruntime_accuracy_level"] is not None:
         parts.append(f"onnxruntime MatMulNBits accuracy level {q['onnxruntime_accuracy_level']}")
     return "; ".join(parts)
+
+
+def describe_vision(model: ModelConfig) -> str | None:
+    """A vision-language model's tower and image layout in one line (vision.onnx beside the decoder), for inspect."""
+    v = model.vision
+    if v is None:
+        return None
+    p = v.processor
+    size = p.output_size() or (p.shortest_edge, p.shortest_edge)
+    return (f"{v.tower} tower ({v.num_layers} layers, hidden {v.hidden_size}, {v.image_size} px, patch {v.patch_size})"
+            f" in vision.onnx; {v.tokens_per_image} tokens per image at token id {v.image_token_id}; images "
+            f"{size[0]}x{size[1]}, {p.resample}, mean {list(p.image_mean)}")

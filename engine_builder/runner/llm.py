@@ -38,7 +38,7 @@ from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
 from engine_builder.runner.vision.image_prompts import ImagePrompts, per_prompt, refuse_image_tokens, with_image_tokens
-from engine_builder.util.errors import InputError
+from engine_builder.util.errors import InputError, UnsupportedError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
 
@@ -369,6 +369,9 @@ class LLM:
         if vision is None:
             raise InputError(f"{self.engine.path} is a text-only engine; images need one built from a "
                              "vision-language checkpoint (e.g. llava)")
+        if not self.backend.takes_images:
+            raise UnsupportedError(f"the {self.backend_name} backend does not run image inputs yet; run this "
+                                   "vision-language engine with --backend onnxruntime")
         if self._image_prompts is None:
             self._image_prompts = ImagePrompts(self.engine, threads=self._threads,
                                                bos_token_id=self.tokenizer.bos_token_id)

@@ -143,6 +143,10 @@ def test_run_with_images_and_chat_with_images(llava, hf, tmp_path):
     assert out["token_ids"] == want
     assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", tmp_path / "missing.png"),
                       "--image", "is not a file")
+    inspect = trtbuild("inspect", engine, "--json")
+    assert "clip tower (2 layers" in json.loads(inspect.stdout)["vision"] and "16 tokens per image" in inspect.stdout
+    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", path, "--backend", "torch"),
+                      "does not run image inputs yet")
     # chat: the template-less tiny tokenizer has no chat template, so give it one that keeps the content as is
     llm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     got = llm.chat([{"role": "user", "content": "w7 w8"}], GREEDY, images=[png(31)])[0]
