@@ -152,6 +152,12 @@ class VisionSpec:
         return self.hidden_size // self.num_heads
 
     @property
+    def placeholder_token_id(self) -> int:
+        """The token a prompt holds where an image goes, before the processor lays it out: Gemma 3's
+        <start_of_image>, else the image token (llava's <image>)."""
+        return self.image_start_token_id if self.image_start_token_id is not None else self.image_token_id
+
+    @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 

@@ -37,7 +37,13 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
-from engine_builder.runner.vision.image_prompts import ImagePrompts, per_prompt, refuse_image_tokens, with_image_tokens
+from engine_builder.runner.vision.image_prompts import (
+    image_prompts_for,
+    per_prompt,
+    placeholder_text,
+    refuse_image_tokens,
+    with_image_tokens,
+)
 from engine_builder.util.errors import InputError, UnsupportedError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -315,10 +321,8 @@ class LLM:
 
     def _image_turn(self, messages: Messages, images: list) -> Messages:
         """The conversation with an image token per image in its last user message (runner/vision)."""
-        if not images or self.engine.model.vision is None:
-            return messages
-        token = self.tokenizer.convert_ids_to_tokens(self.engine.model.vision.image_token_id)
-        return with_image_tokens(messages, len(images), token)
+        token = placeholder_text(self.engine, self.tokenizer)
+        return with_image_tokens(messages, len(images), token) if images and token is not None else messages
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list."""
@@ -373,8 +377,7 @@ class LLM:
             raise UnsupportedError(f"the {self.backend_name} backend does not run image inputs yet; run this "
                                    "vision-language engine with --backend onnxruntime")
         if self._image_prompts is None:
-            self._image_prompts = ImagePrompts(self.engine, threads=self._threads,
-                                               bos_token_id=self.tokenizer.bos_token_id)
+            self._image_prompts = image_prompts_for(self.engine, self.tokenizer, self._threads)
         prepared = self._image_prompts.prepare_all(ids, images)
         return [p.ids if p is not None else i for p, i in zip(prepared, ids)], prepared
 

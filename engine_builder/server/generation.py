@@ -43,7 +43,7 @@ from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.grammar import Constraint
 from engine_builder.runner.llm import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.runner.vision.image_prompts import ImagePrompts
+from engine_builder.runner.vision.image_prompts import ImagePrompts, image_prompts_for, placeholder_text
 from engine_builder.server.access_log import track
 from engine_builder.server.chat_tokens import ChatTokens
 from engine_builder.server.client_share import ClientShare
@@ -374,7 +374,7 @@ async def with_images(state: ServerState, ids: list[int],
         raise ApiError(VALIDATION, f"{state.config.model_name} is a text-only model and takes no images; send text "
                                    "content only")
     if state.image_prompts is None:
-        state.image_prompts = ImagePrompts(llm.engine, bos_token_id=llm.tokenizer.bos_token_id)
+        state.image_prompts = image_prompts_for(llm.engine, llm.tokenizer)
     try:
         image = await off_loop(state.image_prompts.prepare, ids, list(images))
     except TrtbuildError as exc:
@@ -383,7 +383,5 @@ async def with_images(state: ServerState, ids: list[int],
 
 
 def image_token_text(state: ServerState) -> str | None:
-    """The text of the model's image token (where an image content part goes in a chat), None without vision."""
-    llm = state.executor.llm
-    vision = llm.engine.model.vision
-    return None if vision is None else llm.tokenizer.convert_ids_to_tokens(vision.image_token_id)
+    """The text of the token that marks an image (where an image content part goes), None without vision."""
+    return placeholder_text(state.executor.llm.engine, state.executor.llm.tokenizer)

@@ -358,3 +358,20 @@ def test_a_chunked_prefill_never_ends_inside_an_image(gemma3, spliced_engine):
             text.result(timeout=120)
             assert executor.stats().chunked_prefill_steps > 0
     assert got.token_ids == want
+
+
+def test_a_start_of_image_token_is_laid_out_as_gemma3s_processor_does(gemma3, spliced_engine):
+    """A prompt holding <start_of_image> where the image goes (what Gemma 3's chat template writes) becomes boi, the
+    image tokens, eoi (with the tokenizer's "\n\n" either side: none in the word tokenizer), and answers as the laid
+    out prompt does; a prompt with none gets that layout first."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(11).integers(0, 256, (40, 48, 3), np.uint8)).save(buffer, "PNG")
+    laid_out = image_prompt(12)
+    at = laid_out.index(BOI_TOKEN)
+    short = [*laid_out[:at + 1], *laid_out[at + 2 + TOKENS_PER_IMAGE:]]  # boi only
+    params = SamplingParams(temperature=0, max_new_tokens=STEPS, ignore_eos=True)
+    with LLM(spliced_engine, backend="onnxruntime") as llm:
+        want = llm.generate(prompt_token_ids=[laid_out], params=params, images=[buffer.getvalue()])[0].token_ids
+        assert llm.generate(prompt_token_ids=[short], params=params, images=[buffer.getvalue()])[0].token_ids == want
+        image = llm._image_prompts.prepare([COMMON["bos_token_id"], 5, 6], [buffer.getvalue()])
+        assert image.ids == [COMMON["bos_token_id"], BOI_TOKEN, *[IMAGE_TOKEN] * TOKENS_PER_IMAGE, EOI_TOKEN, 5, 6]

@@ -111,7 +111,7 @@ def test_a_repeated_image_reuses_its_blocks_and_another_image_shares_none(llava,
 def test_bad_image_requests_are_one_line_errors(llava, tiny_serve_engine):
     llm = LLM(llava[1], backend="onnxruntime")
     cases = [
-        (dict(prompt_token_ids=[prompt(1)], images=[png(1), png(2)]), "1 image token.* for 2 image"),
+        (dict(prompt_token_ids=[prompt(1)], images=[png(1), png(2)]), "1 image placeholder.* for 2 image"),
         (dict(prompt_token_ids=[prompt(1)]), "holds the image token .* but no image was given"),
         (dict(prompt_token_ids=[prompt(1)], images=[b"not a png"]), "not an image Pillow can read"),
         (dict(prompt_token_ids=[prompt(1)], images=["https://example.com/cat.png"]), "image URLs are not fetched"),

@@ -35,8 +35,9 @@ class ImagePrompts:
     features_cache_bytes = 64 << 20  # recent images' features kept (a 576-token CLIP-L image at 4,096 wide: 9 MB)
 
     def __init__(self, engine: EngineDir, limits: ImageLimits = ImageLimits(), threads: int | None = None,
-                 bos_token_id: int | None = None) -> None:
-        self.bos_token_id = bos_token_id
+                 bos_token_id: int | None = None, around: Sequence[int] = ()) -> None:
+        """around: the ids of the text Gemma3Processor puts either side of an image ("\n\n")."""
+        self.bos_token_id, self.around = bos_token_id, list(around)
         self.encoder = VisionEncoder(engine, threads)
         self.spec, self.limits, self.vocab = self.encoder.spec, limits, engine.model.vocab_size
         if self.spec.image_attention == "bidirectional" and self.spec.tokens_per_image > engine.limits.max_input_len:
@@ -84,21 +85,25 @@ class ImagePrompts:
             self._recent_bytes -= self._recent.popitem(last=False)[1].nbytes
 
     def _expand(self, ids: list[int], images: int) -> list[int]:
-        """One image token per image becomes tokens_per_image of them (HF LlavaProcessor's expansion); a prompt
-        with none gets the images first (after its BOS), llava's "<image>\n{prompt}" layout."""
-        token, per = self.spec.image_token_id, self.spec.tokens_per_image
-        found = ids.count(token)
-        if found == images * per and per > 1:  # already expanded (a tokenized chat template, a client's own ids)
+        """Each placeholder becomes the image's layout, as the model's processor writes it: tokens_per_image image
+        tokens (LlavaProcessor), or "\n\n", <start_of_image>, the image tokens, <end_of_image>, "\n\n"
+        (Gemma3Processor); a prompt with none gets the images first (after its BOS), llava's "<image>\n{prompt}"."""
+        spec, per = self.spec, self.spec.tokens_per_image
+        if ids.count(spec.image_token_id) == images * per and per > 1:  # already laid out (a client's own ids)
             return ids
-        if found == 0:
+        layout = [spec.image_token_id] * per
+        if spec.image_start_token_id is not None:
+            layout = [*self.around, spec.image_start_token_id, *layout, spec.image_end_token_id, *self.around]
+        found = ids.count(self.spec.placeholder_token_id)
+        if found == 0 and spec.image_token_id not in ids:
             at = 1 if ids and ids[0] == self.bos_token_id else 0
-            return [*ids[:at], *[token] * (images * per), *ids[at:]]
+            return [*ids[:at], *layout * images, *ids[at:]]
         if found != images:
-            raise InputError(f"the prompt has {found} image token(s) (id {token}) for {images} image(s); put one "
-                             "image token in the prompt where each image goes, in order")
+            raise InputError(f"the prompt has {found} image placeholder(s) (token id {self.spec.placeholder_token_id}) for {images} "
+                             "image(s); put one in the prompt where each image goes, in order")
         out: list[int] = []
         for t in ids:
-            out.extend([token] * per if t == token else [t])
+            out.extend(layout if t == self.spec.placeholder_token_id else [t])
         return out
 
     def prepare_all(self, prompts: Sequence[Sequence[int]], images: Any) -> list[ImagePrompt | None]:
@@ -139,3 +144,16 @@ def with_image_tokens(messages: Sequence[Mapping[str, Any]], images: int, token_
                 m["content"] = f"{token_text}\n" * images + m["content"]
             return out
     raise InputError("images need a user message with text content to go with; add one")
+
+
+def image_prompts_for(engine: EngineDir, tokenizer: Any, threads: int | None = None) -> ImagePrompts:
+    """The pipeline of an engine with its tokenizer's BOS and the text Gemma 3 puts around an image."""
+    spec = engine.model.vision
+    around = tokenizer("\n\n", add_special_tokens=False).input_ids if spec and spec.image_start_token_id else ()
+    return ImagePrompts(engine, threads=threads, bos_token_id=tokenizer.bos_token_id, around=around)
+
+
+def placeholder_text(engine: EngineDir, tokenizer: Any) -> str | None:
+    """The text of the token that marks where an image goes in a prompt; None for a text-only engine."""
+    spec = engine.model.vision
+    return None if spec is None else tokenizer.convert_ids_to_tokens(spec.placeholder_token_id)
