@@ -2,7 +2,8 @@
 and abandoned requests, for a fixed time.
 
     .venv/bin/python benchmarks/serve_soak.py [--minutes 10] [--valid-clients 4] [--hostile-clients 12]
-                                              [--baseline-minutes 1] [--hostile-kinds cut,oversized,top_n,malformed]
+                                              [--baseline-minutes 1] [--stall-seconds 20]
+                                              [--hostile-kinds cut,oversized,top_n,malformed,grammar,never_read]
                                               [--per-client-limit N] [--work build/bench-serve] [--json]
 
 SmolLM2-135M-Instruct fp32 on the onnxruntime twin (decode.py's engine build, 8 KV slots), one
@@ -13,6 +14,10 @@ prompts, 8-32 tokens, greedy. Hostile requests are drawn at random:
     oversized       a 4 MiB body (over the default 1 MiB limit): 413 expected
     huge top_n      top_logprobs 10**6: 400 expected (OpenAI routes answer 400, TGI 422)
     malformed       broken JSON, a non-UTF-8 body, a wrong field type: 400 expected
+    grammar         a response_format json_schema: half of them an anyOf of 3,000 objects, past the grammar
+                    limits (400 expected, refused before any token), half a small schema (200)
+    never_read      a streaming request whose client reads nothing for --stall-seconds, then leaves: the
+                    server cancels it after --stalled-stream-timeout (serve's default) and frees its slot
 
 1. baseline: --valid-clients clients send valid requests for --baseline-minutes: their p99 latency.
 2. soak: the same valid clients plus --hostile-clients hostile ones, for --minutes.
@@ -43,7 +48,11 @@ from decode import engine_dirs  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time", "The three primary colors are", "def fib(n):",
            "A haiku about the sea:", "List three planets:"]
-HOSTILE = ("cut", "oversized", "top_n", "malformed")
+HOSTILE = ("cut", "oversized", "top_n", "malformed", "grammar", "never_read")
+SMALL_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name"]}
+HUGE_SCHEMA = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+                         for i in range(3000)]}
 
 
 def rss_bytes(pid: int) -> int:
@@ -64,7 +73,7 @@ async def valid(client, rng: random.Random) -> tuple[int, float]:
     return r.status_code, time.perf_counter() - started
 
 
-async def one(client, rng: random.Random, kind: str) -> tuple[str, int, float | None]:
+async def one(client, rng: random.Random, kind: str, stall_seconds: float = 20.0) -> tuple[str, int, float | None]:
     if kind == "valid":
         status, seconds = await valid(client, rng)
         return kind, status, seconds
@@ -78,6 +87,17 @@ async def one(client, rng: random.Random, kind: str) -> tuple[str, int, float | 
         r = await client.post("/v1/completions", content=b'{"prompt": "' + b"x" * (4 << 20) + b'"}',
                               headers={"Content-Type": "application/json"})
         return kind, r.status_code, None
+    if kind == "grammar":
+        schema = HUGE_SCHEMA if rng.random() < 0.5 else SMALL_SCHEMA
+        r = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Describe a person as JSON."}], "max_tokens": 16,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+        return kind, r.status_code, None
+    if kind == "never_read":
+        async with client.stream("POST", "/v1/completions", json={"prompt": rng.choice(PROMPTS), "stream": True,
+                                                                   "max_tokens": 256}) as resp:
+            await asyncio.sleep(stall_seconds)  # reads nothing: the server's send stalls, then it cancels
+            return kind, resp.status_code, None
     if kind == "top_n":
         r = await client.post("/v1/completions", json={"prompt": "hi", "logprobs": True, "top_logprobs": 10**6})
         return kind, r.status_code, None
@@ -87,7 +107,7 @@ async def one(client, rng: random.Random, kind: str) -> tuple[str, int, float | 
 
 
 async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: int, seed: int,
-               hostile: tuple[str, ...] = HOSTILE) -> list[tuple[str, int, float | None]]:
+               hostile: tuple[str, ...] = HOSTILE, stall_seconds: float = 20.0) -> list[tuple[str, int, float | None]]:
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -100,7 +120,7 @@ async def soak(url: str, seconds: float, valid_clients: int, hostile_clients: in
             while time.monotonic() < deadline:
                 kind = rng.choice(kinds)
                 try:
-                    results.append(await one(client, rng, kind))
+                    results.append(await one(client, rng, kind, stall_seconds))
                 except httpx.TransportError:  # a refused oversized upload may reset the connection
                     results.append((kind, 0, None))
 
@@ -134,6 +154,9 @@ def main() -> None:
     parser.add_argument("--hostile-kinds", default=",".join(HOSTILE),
                         help="which hostile kinds to draw from (comma-separated; default all): separates what the "
                              "refusals cost from what the cut streams, which are real generation up to the cut, cost")
+    parser.add_argument("--stall-seconds", type=float, default=20.0,
+                        help="how long a never_read client holds its stream unread (serve cancels it after its "
+                             "--stalled-stream-timeout)")
     parser.add_argument("--per-client-limit", type=int, default=None,
                         help="serve with --max-concurrent-per-client N (default: no per-client limit)")
     parser.add_argument("--work", type=Path, default=Path("build/bench-serve"))
@@ -152,7 +175,7 @@ def main() -> None:
         baseline = asyncio.run(soak(server.url, args.baseline_minutes * 60, args.valid_clients, 0, seed=1))
         rss_start = rss_bytes(server.proc.pid)
         results = asyncio.run(soak(server.url, args.minutes * 60, args.valid_clients, args.hostile_clients, seed=1,
-                                   hostile=kinds))
+                                   hostile=kinds, stall_seconds=args.stall_seconds))
         rss_end = rss_bytes(server.proc.pid)
         counters = engine_counters(server.url)
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from runner_engines import GQA_PASSES, add_word_tokenizer, build_engine  # noqa: E402
+from runner_engines import GQA_PASSES, TINY_CHAT_TEMPLATE, add_word_tokenizer, build_engine  # noqa: E402
 from tiny_models import TINY_MODELS, make_tiny_model  # noqa: E402
 
 from converters.convert import convert  # noqa: E402
@@ -136,7 +136,6 @@ def minilm_engine(minilm_dir, tmp_path_factory) -> Path:
 
 TINY_LIMITS = Limits(max_batch=2, max_input_len=32, max_seq_len=96)
 # enough of a chat template for /v1/chat/completions: one line per message, then the assistant's turn
-TINY_CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}assistant"
 
 
 @pytest.fixture(scope="session")

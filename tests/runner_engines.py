@@ -13,6 +13,9 @@ SMOL_LIMITS = Limits(max_batch=4, max_input_len=128, max_seq_len=256)
 GQA_PASSES = (*FUSIONS, "lower_ort_attention", "eliminate_dead_code")
 
 
+# a chat template for the word tokenizer: every message's role and content, then the assistant's turn
+TINY_CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}assistant"
+
 def build_engine(ckpt: Path, out: Path, limits: Limits = SMOL_LIMITS, dtype: str = "float32",
                  ort_passes: tuple[str, ...] | None = None) -> Path:
     passes = PassLists(onnxruntime=ort_passes) if ort_passes else PassLists()

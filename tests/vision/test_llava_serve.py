@@ -13,9 +13,8 @@ import openai
 import pytest
 import torch
 import transformers
-from conftest import TINY_CHAT_TEMPLATE
 from PIL import Image
-from runner_engines import build_engine
+from runner_engines import TINY_CHAT_TEMPLATE, build_engine
 from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
 from tiny_llava import IMAGE_TOKEN, tiny_llava
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
