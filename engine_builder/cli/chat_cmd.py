@@ -12,7 +12,8 @@ from engine_builder.cli.console import BACKEND_HELP, verbose
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import TrtbuildError
 
-HELP = "commands: /reset forgets the conversation, /exit (or Ctrl-D) leaves"
+HELP = ("commands: /image PATH attaches an image to your next message (vision-language engines), /reset forgets "
+        "the conversation, /exit (or Ctrl-D) leaves")
 
 
 def chat(
@@ -39,8 +40,9 @@ def chat(
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
     The conversation stays in the KV cache between turns, so each turn prefills only what is new
-    (`trtbuild -v chat ...` prints the prompt and prefilled tokens per turn on stderr). /reset starts
-    over, /exit or end of input leaves.
+    (`trtbuild -v chat ...` prints the prompt and prefilled tokens per turn on stderr). /image PATH
+    attaches an image to the next message (vision-language engines), /reset starts over, /exit or end of
+    input leaves.
 
     Example: trtbuild chat engine --system "You are a concise assistant."
     """
@@ -58,6 +60,7 @@ def chat(
     if interactive:
         sys.stderr.write(f"[{llm.backend_name}] {HELP}\n")
     turn = failed = 0
+    attached: list[str] = []  # /image paths for the next message
     try:
         while True:
             if interactive:
@@ -71,14 +74,26 @@ def chat(
                 continue
             if text == "/reset":
                 session.reset()
+                attached = []
                 sys.stderr.write("(conversation reset)\n")
+                continue
+            if text.split()[0] == "/image":
+                path = Path(text[len("/image"):].strip())
+                if llm.engine.model.vision is None:
+                    sys.stderr.write("error: this engine is text-only; it takes no images\n")
+                elif not path.is_file():
+                    sys.stderr.write(f"error: {path} is not a file; /image PATH takes a PNG, JPEG, WebP or GIF\n")
+                else:
+                    attached.append(str(path))
+                    sys.stderr.write(f"(image {path} goes with your next message)\n")
                 continue
             if text.startswith("/"):
                 sys.stderr.write(f"unknown command {text.split()[0]}; {HELP}\n")
                 continue
             turn += 1
+            images, attached = attached, []
             try:
-                for delta in session.send(text):
+                for delta in session.send(text, images):
                     sys.stdout.write(delta)
                     sys.stdout.flush()
             except TrtbuildError as exc:  # e.g. the conversation outgrew max_seq_len: say so, keep the REPL

@@ -10,12 +10,13 @@ stops at the first differing block and the rest is prefilled, which costs time, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_builder.runner.llm import LLM
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.vision.image_prompts import placeholder_text, with_image_tokens
 from engine_builder.util.errors import InputError
 
 BLOCK_TOKENS = 4  # reuse granularity: at most 3 tokens of history are prefilled again per turn
@@ -50,36 +51,49 @@ class ChatSession:
             llm.generator.prefix_cache = _chat_cache(kv)
             llm.generator.cache_outputs = True
         self.messages: list[dict[str, Any]] = []
+        self.images: list[Any] = []  # every image of the conversation so far, in order (vision-language engines)
         self.last: TurnStats | None = None
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.images = []
         if self.reuses:  # the old conversation's blocks would only take memory
             gen = self.llm.generator
             gen.prefix_cache = _chat_cache(gen.backend.kv)
 
-    def send(self, text: str) -> Iterator[str]:
-        """Stream the assistant's answer to TEXT; the turn joins the history once the answer is complete."""
-        messages = [*self.messages, {"role": "user", "content": text}]
-        params = self._fitted(messages)
+    def send(self, text: str, images: Sequence[Any] = ()) -> Iterator[str]:
+        """Stream the assistant's answer to TEXT (with IMAGES before it, a vision-language engine's); the turn joins
+        the history once the answer is complete. Earlier turns' images stay in the prompt (their features and KV
+        blocks are reused by their content)."""
+        message = {"role": "user", "content": text}
+        if images:
+            token = placeholder_text(self.llm.engine, self.llm.tokenizer)
+            if token is None:
+                raise InputError(f"{self.llm.engine.path} is a text-only engine; it takes no images")
+            message = with_image_tokens([message], len(images), token)[0]
+        messages, pictures = [*self.messages, message], [*self.images, *images]
+        params = self._fitted(messages, len(pictures))
         cache = self.llm.generator.prefix_cache if self.reuses else None
         hits = cache.stats().hit_tokens if cache is not None else 0
-        with self.llm.stream_chat(messages, params) as stream:
+        with self.llm.stream_chat(messages, params, images=pictures or None) as stream:
             yield from stream
         out, timings = stream.output, stream.timings
         reused = (cache.stats().hit_tokens - hits) if cache is not None else 0
         self.last = TurnStats(len(out.prompt_token_ids), reused, len(out.token_ids),
                               timings.prefill_ms if timings else 0.0, timings.decode_seconds if timings else 0.0)
-        self.messages = [*messages, {"role": "assistant", "content": out.text}]
+        self.messages, self.images = [*messages, {"role": "assistant", "content": out.text}], pictures
 
 
-    def _fitted(self, messages: list[dict[str, Any]]) -> SamplingParams:
+    def _fitted(self, messages: list[dict[str, Any]], images: int = 0) -> SamplingParams:
         """This turn's parameters with the answer capped at the positions the conversation leaves (llama.cpp's chat
         does the same with its context): a long conversation gets shorter answers, not an error each turn."""
         params = self.params or self.llm.default_params()
         max_seq = self.llm.generator.backend.kv.max_seq
-        room = max_seq - len(self.llm.encode_chat(messages))
+        vision = self.llm.engine.model.vision
+        # an image's layout beyond its one placeholder token (at most boi, eoi and two "\n\n" besides its tokens)
+        extra = images * (vision.tokens_per_image + 4) if images and vision is not None else 0
+        room = max_seq - len(self.llm.encode_chat(messages)) - extra
         if room < 1:
             raise InputError(f"the conversation fills all {max_seq} positions of the engine (its max_seq_len); start "
                              "a new one, or rebuild the engine with a larger --max-seq-len")

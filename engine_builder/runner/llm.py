@@ -304,8 +304,8 @@ class LLM:
              params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              images: Any = None) -> list[RequestOutput]:
         """Generate the assistant's reply to one conversation (a list of messages) or to several. images: as
-        generate's, per conversation; each goes where its image token is in the messages, else before the last
-        user message's text."""
+        generate's, per conversation; each goes where its image token is in the messages (in order), else (no
+        message holds one) all before the last user message's text."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         if not conversations or any(not c for c in conversations):
             raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
@@ -322,7 +322,9 @@ class LLM:
     def _image_turn(self, messages: Messages, images: list) -> Messages:
         """The conversation with an image token per image in its last user message (runner/vision)."""
         token = placeholder_text(self.engine, self.tokenizer)
-        return with_image_tokens(messages, len(images), token) if images and token is not None else messages
+        if not images or token is None or any(token in str(m.get("content", "")) for m in messages):
+            return messages  # no images, or the messages already say where each goes
+        return with_image_tokens(messages, len(images), token)
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list."""

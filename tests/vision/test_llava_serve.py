@@ -13,6 +13,7 @@ import openai
 import pytest
 import torch
 import transformers
+from cli_process import trtbuild
 from PIL import Image
 from runner_engines import TINY_CHAT_TEMPLATE, build_engine
 from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
@@ -22,6 +23,7 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 from converters.convert import convert
 from engine_builder import LLM
 from engine_builder.formats.build_config import Limits
+from engine_builder.runner.chat_session import ChatSession
 
 TOKENS = 16
 STEPS = 6
@@ -102,3 +104,21 @@ def test_a_text_only_server_refuses_image_parts(tiny_serve_engine):
             "model": "engine", "max_tokens": 2, "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "w5"}, {"type": "image_url", "image_url": {"url": data_url(png(3))}}]}]})
     assert reply.status_code == 400 and "takes no images" in reply.json()["error"]["message"], reply.text
+
+
+def test_chat_with_an_image_command(llava, tmp_path):
+    """`trtbuild chat`'s /image PATH goes with the next message: the first answer is transformers' for that turn; the
+    second turn keeps the image in the prompt and reuses its KV blocks (ChatSession, as the REPL drives it)."""
+    llm = llava[1]
+    path = tmp_path / "cat.png"
+    path.write_bytes(png(4))
+    proc = trtbuild("chat", llm.engine.path, "--max-new-tokens", str(STEPS), "--temperature", "0",
+                    stdin=f"/image {path}\nw7 w8\nw9\n")
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()[:2]
+    ids = llm.encode_chat([{"role": "user", "content": "w300\nw7 w8"}])
+    assert first.split() == hf_text(llava, ids, png(4)).split()
+    session = ChatSession(llm, params=llm.default_params(max_new_tokens=STEPS, temperature=0))
+    assert "".join(session.send("w7 w8", [str(path)])).split() == first.split()
+    assert "".join(session.send("w9")).split() == second.split()
+    assert session.last.reused_tokens >= TOKENS  # the image's blocks came back from the cache
