@@ -37,13 +37,6 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
-from engine_builder.runner.vision.image_prompts import (
-    image_prompts_for,
-    per_prompt,
-    placeholder_text,
-    refuse_image_tokens,
-    with_image_tokens,
-)
 from engine_builder.util.errors import InputError, UnsupportedError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -309,18 +302,24 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         if not conversations or any(not c for c in conversations):
             raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
+        from engine_builder.runner.vision.image_prompts import per_prompt
+
         per = per_prompt(images, len(conversations)) if images is not None else [[]] * len(conversations)
         ids = [self.encode_chat(self._image_turn(c, i)) for c, i in zip(conversations, per)]
         return self.generate(params=params, prompt_token_ids=ids, images=images if images is not None else None)
 
     def stream_chat(self, messages: Messages, params: SamplingParams | None = None, *,
                     images: Any = None) -> TokenStream:
+        from engine_builder.runner.vision.image_prompts import per_prompt
+
         per = per_prompt(images, 1)[0] if images is not None else []
         ids, prepared = self._with_images([self.encode_chat(self._image_turn(messages, per))], images)
         return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), None)
 
     def _image_turn(self, messages: Messages, images: list) -> Messages:
         """The conversation with an image token per image in its last user message (runner/vision)."""
+        from engine_builder.runner.vision.image_prompts import placeholder_text, with_image_tokens
+
         token = placeholder_text(self.engine, self.tokenizer)
         if not images or token is None or any(token in str(m.get("content", "")) for m in messages):
             return messages  # no images, or the messages already say where each goes
@@ -365,12 +364,16 @@ class LLM:
 
     def _with_images(self, ids: list[list[int]], images: Any) -> tuple[list[list[int]], list | None]:
         """The prompts with their images encoded and spliced (runner/vision/image_prompts.py): each image token
-        expanded; (ids, None) without images, after checking no prompt holds an image token alone."""
+        expanded; (ids, None) without images, after checking no prompt holds an image token alone. The vision
+        modules (Pillow) load with the first vision engine: a text model's cold start does without them."""
+        if images is None and self.engine.model.vision is None:
+            return ids, None
+        from engine_builder.runner.vision.image_prompts import image_prompts_for, refuse_image_tokens
+
         vision = self.engine.model.vision
-        if images is None:
-            if vision is not None:
-                for prompt in ids:
-                    refuse_image_tokens(prompt, vision.image_token_id)
+        if images is None:  # a vision engine's text prompt
+            for prompt in ids:
+                refuse_image_tokens(prompt, vision.image_token_id)
             return ids, None
         if vision is None:
             raise InputError(f"{self.engine.path} is a text-only engine; images need one built from a "

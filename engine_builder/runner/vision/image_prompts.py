@@ -27,7 +27,7 @@ from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.vision.image_processor import preprocess
 from engine_builder.runner.vision.images import ImageLimits, ImageSource, load_image
-from engine_builder.runner.vision.vision_encoder import VisionEncoder
+from engine_builder.runner.vision.vision_session import VisionSession
 from engine_builder.util.errors import InputError, UnsupportedError
 
 
@@ -38,7 +38,7 @@ class ImagePrompts:
                  bos_token_id: int | None = None, around: Sequence[int] = ()) -> None:
         """around: the ids of the text Gemma3Processor puts either side of an image ("\n\n")."""
         self.bos_token_id, self.around = bos_token_id, list(around)
-        self.encoder = VisionEncoder(engine, threads)
+        self.encoder = VisionSession(engine, threads)
         self.spec, self.limits, self.vocab = self.encoder.spec, limits, engine.model.vocab_size
         if self.spec.image_attention == "bidirectional" and self.spec.tokens_per_image > engine.limits.max_input_len:
             raise UnsupportedError(f"an image is {self.spec.tokens_per_image} tokens, prefilled in one call, but "
@@ -94,16 +94,16 @@ class ImagePrompts:
         layout = [spec.image_token_id] * per
         if spec.image_start_token_id is not None:
             layout = [*self.around, spec.image_start_token_id, *layout, spec.image_end_token_id, *self.around]
-        found = ids.count(self.spec.placeholder_token_id)
+        found = ids.count(spec.placeholder_token_id)
         if found == 0 and spec.image_token_id not in ids:
             at = 1 if ids and ids[0] == self.bos_token_id else 0
             return [*ids[:at], *layout * images, *ids[at:]]
         if found != images:
-            raise InputError(f"the prompt has {found} image placeholder(s) (token id {self.spec.placeholder_token_id}) for {images} "
-                             "image(s); put one in the prompt where each image goes, in order")
+            raise InputError(f"the prompt has {found} image placeholder(s) (token id {spec.placeholder_token_id}) for "
+                             f"{images} image(s); put one in the prompt where each image goes, in order")
         out: list[int] = []
         for t in ids:
-            out.extend(layout if t == self.spec.placeholder_token_id else [t])
+            out.extend(layout if t == spec.placeholder_token_id else [t])
         return out
 
     def prepare_all(self, prompts: Sequence[Sequence[int]], images: Any) -> list[ImagePrompt | None]:

@@ -13,7 +13,7 @@ from engine_builder.runner.ort_backend import session_options
 from engine_builder.util.errors import UnsupportedError
 
 
-class VisionEncoder:
+class VisionSession:
     def __init__(self, engine: EngineDir, threads: int | None = None) -> None:
         path = engine.path / VISION_MODEL
         if engine.model.vision is None or not path.is_file():
