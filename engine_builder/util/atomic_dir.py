@@ -38,8 +38,10 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path | str | None]
     if out.exists() and replaces is not None and not _is_previous_output(out, replaces):
         raise InputError(f"{out} exists and is not a previous output of this command (no config.json with schema "
                          f"{replaces!r}); --force replaces only those: remove it yourself or choose another path")
-    if not out.parent.is_dir():
-        raise InputError(f"parent dir {out.parent} does not exist; create it first")
+    # a missing parent is made when the output is written (mkdir -p: `convert SRC build/ckpt` on a fresh clone)
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"{existing} is not a directory, so {out} cannot be made under it; choose another path")
 
 
 def check_apart(out: Path, inputs: Iterable[Path | str | None]) -> None:
@@ -82,6 +84,10 @@ def atomic_output_dir(out: Path, force: bool = False, inputs: Iterable[Path | st
     out = Path(out).absolute()
     inputs = tuple(inputs)
     check_output_dir(out, force, inputs, replaces)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create {out.parent} ({exc.strerror}); choose another path") from None
     remove_stale_temp_dirs(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     umask = os.umask(0)

@@ -369,3 +369,16 @@ def test_non_utf8_text_files(tiny, tmp_path):
     surrogate = tmp_path / "t.jsonl"
     surrogate.write_text('{"text": "w1 w2"}\n{"text": "w3 \\udc80"}\n')
     assert_user_error(trtbuild("eval", engine, "--text", surrogate), "line 2", "surrogate")
+
+
+def test_missing_parents_are_made_and_a_file_parent_is_refused(tmp_path):
+    """`convert SRC build/ckpt` on a fresh clone: the missing build/ is made (mkdir -p), when the output is written;
+    a path under a file is a one-line error before any work."""
+    out = tmp_path / "build" / "deeper" / "ckpt"
+    with atomic_output_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert (out / "config.json").is_file()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(InputError, match="a-file is not a directory"):
+        with atomic_output_dir(tmp_path / "a-file" / "sub" / "out"):
+            pass
