@@ -51,27 +51,39 @@ async def run(url: str, schemas: int, warmup: int, pid: int) -> dict:
     compiling = asyncio.Event()
     done = asyncio.Event()
 
+    slow: list[tuple[float, float]] = []  # (seconds into the compiles, latency) of polls over 100 ms
+    begun = [0.0]
+
     async def poll(client: httpx.AsyncClient) -> None:
         while not done.is_set():
             started = time.perf_counter()
             await client.get("/health")
-            (health if compiling.is_set() else idle).append(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            (health if compiling.is_set() else idle).append(took)
+            if compiling.is_set() and took > 0.1:
+                slow.append((round(started - begun[0], 2), round(took * 1e3, 1)))
             await asyncio.sleep(0.02)
 
     rss_after_warmup = 0
     broken = answered = refused = 0
+    first_refusal = None
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
         poller = asyncio.create_task(poll(client))
         await asyncio.sleep(2)  # /health alone first
         compiling.set()
+        begun[0] = time.perf_counter()
         for i in range(schemas):
             s = schema(i)
             r = await client.post("/v1/chat/completions", json={
-                "model": "engine", "max_tokens": 8, "temperature": 0,
+                "model": model, "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "Fill in the record as JSON."}],
                 "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": s}}})
+            if i + 1 == warmup:
+                rss_after_warmup = rss_bytes(pid)
             if r.status_code != 200:
                 refused += 1
+                first_refusal = first_refusal or f"{r.status_code} {r.text[:200]}"
                 continue
             answered += 1
             choice = r.json()["choices"][0]
@@ -80,16 +92,15 @@ async def run(url: str, schemas: int, warmup: int, pid: int) -> dict:
                     jsonschema.validate(json.loads(choice["message"]["content"]), s)
                 except (ValueError, jsonschema.ValidationError):
                     broken += 1
-            if i + 1 == warmup:
-                rss_after_warmup = rss_bytes(pid)
         rss_end = rss_bytes(pid)
         done.set()
         await poller
     return {"schemas": schemas, "warmup": warmup, "schema_bytes": len(json.dumps(schema(0))),
-            "answered": answered, "refused": refused, "stop_but_invalid": broken,
+            "answered": answered, "refused": refused, "first_refusal": first_refusal, "stop_but_invalid": broken,
             "health_ms_compiling": {"median": round(statistics.median(health) * 1e3, 1),
                                     "p99": round(quantile(health, 0.99) * 1e3, 1),
-                                    "max": round(max(health) * 1e3, 1), "polls": len(health)},
+                                    "max": round(max(health) * 1e3, 1), "polls": len(health),
+                                    "over_100ms": slow},
             "health_ms_idle": {"median": round(statistics.median(idle) * 1e3, 1),
                                "max": round(max(idle) * 1e3, 1), "polls": len(idle)},
             "rss_after_warmup_mb": round(rss_after_warmup / 1e6, 1), "rss_end_mb": round(rss_end / 1e6, 1),
@@ -120,7 +131,8 @@ def main() -> None:
     print(f"{args.schemas} distinct {result['schema_bytes']}-byte schemas: {result['answered']} answered, "
           f"{result['refused']} refused, {result['stop_but_invalid']} finished 'stop' failing their schema")
     print(f"/health while compiling: median {h['median']} ms, p99 {h['p99']} ms, max {h['max']} ms "
-          f"({h['polls']} polls); idle median {i['median']} ms, max {i['max']} ms")
+          f"({h['polls']} polls; over 100 ms at [s into the run, ms]: {h['over_100ms']}); idle median {i['median']} "
+          f"ms, max {i['max']} ms")
     print(f"server RSS {result['rss_after_warmup_mb']} MB after {args.warmup} schemas -> {result['rss_end_mb']} MB "
           f"at the end ({result['rss_growth']:+.1%})")
 

@@ -244,9 +244,18 @@ class GrammarCompiler:
             return f"the answer ended before it matched the {constraint.kind}"
         return None
 
+    def warm(self) -> None:
+        """Build the grammar engine's tokenizer now (a server, before it listens): llguidance holds the GIL while it
+        builds it (~1 s on SmolLM2's 49k vocabulary on a loaded 2-core CPU), which stalled /health for the first
+        constrained request. A tokenizer it cannot take is left for that request to refuse."""
+        try:
+            self._tokenizer()
+        except Exception:  # noqa: BLE001 (llguidance's own types): the request that needs it says why, in one line
+            pass
+
     def _tokenizer(self) -> Any:
-        # built on the first compile, not at load: ~0.2 s on SmolLM2's 49k vocabulary, and llguidance holds the
-        # GIL for all of it (the one event-loop stall a server's first constrained request still causes)
+        # built on the first compile (or by warm()), not when the engine loads: LLM.generate users without
+        # constraints never pay for it
         with self._tok_lock:
             if self._lltok is None:
                 import llguidance

@@ -99,6 +99,7 @@ class ServerState:
         self.metrics = ServerMetrics(self.executor, lambda: self.active,
                                      lambda: self.client_share.held if self.client_share else 0)
         self.token_texts = TokenTexts(self.executor.llm.tokenizer)
+        self.executor.llm.generator.grammars.warm()  # before the server listens: see GrammarCompiler.warm
         self.chat_tokens = ChatTokens(self.executor.llm, self.config.parse_chat_special_tokens)
 
 
