@@ -21,15 +21,21 @@ def write_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = NetworkO
     the temp dir of a larger atomic build as well as a final destination.
     """
     model = build_decoder(ckpt_dir, options)  # fails on bad input before anything is written
+    return write_graph(model, ckpt_dir, out_dir, MODEL_FILE)
+
+
+def write_graph(model: ir.Model, ckpt_dir: Path, out_dir: Path, name: str) -> Path:
+    """MODEL as OUT_DIR/NAME beside a link of CKPT_DIR's rank0.safetensors (the decoder's model.onnx, the vision
+    graph's vision.onnx): written beside, then renamed. Returns its path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link_weights(ckpt_dir, out_dir)
-    path = out_dir / MODEL_FILE
-    tmp = out_dir / f".{MODEL_FILE}.tmp-{os.getpid()}"
+    path = out_dir / name
+    tmp = out_dir / f".{name}.tmp-{os.getpid()}"
     try:
         # external_data=None keeps every weight where it is: location "rank0.safetensors"
-        # relative to model.onnx, at its byte offset
-        save_graph(model, tmp, data_name=f"{MODEL_FILE}.data")
+        # relative to the graph, at its byte offset
+        save_graph(model, tmp, data_name=f"{name}.data")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

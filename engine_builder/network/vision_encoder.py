@@ -9,7 +9,6 @@ one dynamic axis, the image size is the tower's. Attention is plain MatMul -> So
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import onnx_ir as ir
@@ -22,11 +21,11 @@ from engine_builder.formats.vision_spec import VisionSpec
 from engine_builder.network.builder import FLOAT, GraphBuilder
 from engine_builder.network.decoder import DTYPES, IR_VERSION, OPSET
 from engine_builder.network.encoder import META_GRAPH
-from engine_builder.network.export import save_graph
+from engine_builder.network.export import write_graph
 from engine_builder.network.linear import linear
 from engine_builder.network.norms import layer_norm, rms_norm
 from engine_builder.network.options import NetworkOptions
-from engine_builder.network.weights import CheckpointWeights, link_weights
+from engine_builder.network.weights import CheckpointWeights
 from engine_builder.util.errors import InputError
 from engine_builder.util.version import __version__
 
@@ -89,17 +88,7 @@ def write_vision_onnx(ckpt_dir: Path, out_dir: Path, options: NetworkOptions = N
     """Build the vision graph of CKPT_DIR into OUT_DIR/vision.onnx beside (a link of) rank0.safetensors; returns
     its path. Written beside and renamed, as network/export.py writes model.onnx."""
     model = build_vision_encoder(ckpt_dir, options)  # fails on bad input before anything is written
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    link_weights(ckpt_dir, out_dir)
-    path = out_dir / io.VISION_MODEL
-    tmp = out_dir / f".{io.VISION_MODEL}.tmp-{os.getpid()}"
-    try:
-        save_graph(model, tmp, data_name=f"{io.VISION_MODEL}.data")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_graph(model, ckpt_dir, out_dir, io.VISION_MODEL)
 
 
 def _embeddings(b: GraphBuilder, w: CheckpointWeights, pixels: ir.Value, spec: VisionSpec) -> ir.Value:
