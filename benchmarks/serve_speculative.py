@@ -94,7 +94,7 @@ def serve_part(engine: Path, runs: int, requests: int, max_new_tokens: int, thre
             **{f"{k}_tok_s": round(new / v, 1) for k, v in med.items()},
             "batched_vs_plain": round(med["ngram_batched"] / med["plain"], 3),
             "batched_vs_row_by_row": round(med["ngram_batched"] / med["ngram_row_by_row"], 3),
-            "stats_batched": batched.generator.stats.to_json(), "stats_row_by_row": row.generator.stats.to_json()}
+            "stats_batched": batched.speculation.stats.to_json(), "stats_row_by_row": row.speculation.stats.to_json()}
 
 
 def scoring_part(engine: Path, runs: int, threads: int | None) -> dict:

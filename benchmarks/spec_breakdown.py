@@ -165,7 +165,7 @@ def breakdown(engines, runs: int, max_new_tokens: int, threads: int, num_draft_t
         for label, park in ((quant, True), (f"{quant}/unparked", False)):
             llms[label] = llm = LLM(engines["float32"], threads=threads, speculative=SpeculativeConfig(
                 "draft", draft_engine=str(engine), num_draft_tokens=num_draft_tokens))
-            llm.generator.proposer.park = park  # unparked: the draft re-reads the prompt every story, as before
+            llm.speculation.proposer.park = park  # unparked: the draft re-reads the prompt every story, as before
     timers = {name: Timers() for name in llms}
     for name, llm in llms.items():
         llm.generate(prompt_token_ids=[ids], params=params)  # warm-up: prefix cache, bindings, draft slot
@@ -193,7 +193,7 @@ def breakdown(engines, runs: int, max_new_tokens: int, threads: int, num_draft_t
                "parts": {k: v for k, v in parts.items() if not k.startswith("_")}}
         if name != "plain":
             row["speedup"] = round(walls["plain"] / walls[name], 3)
-            row["speculative"] = llm.generator.stats.to_json()
+            row["speculative"] = llm.speculation.stats.to_json()
         out[name] = row
     return out
 

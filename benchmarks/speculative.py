@@ -137,7 +137,7 @@ def copy_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
            "hf_prompt_lookup_s": t_hf_lookup, "hf_greedy_s": r["hf"][0], "ngram_vs_plain": t_spec / t_plain,
            "hf_prompt_lookup_vs_ngram": t_hf_lookup / t_spec,
            "hf_tokens_equal_ours": hf_tokens == list(want.token_ids),
-           "speculative": spec.generator.stats.to_json(), "text": want.text[:120]}
+           "speculative": spec.speculation.stats.to_json(), "text": want.text[:120]}
     a = timed({"plain": ours(plain, ids, max_new_tokens, ignore_eos=False),
                "ngram": ours(spec, ids, max_new_tokens, ignore_eos=False),
                "hf_lookup": hf(False, prompt_lookup_num_tokens=10)}, runs)
@@ -146,7 +146,7 @@ def copy_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     out["answer"] = {"new_tokens": len(want.token_ids), "plain_s": t_plain, "ngram_s": t_spec,
                      "hf_prompt_lookup_s": a["hf_lookup"][0], "ngram_vs_plain": t_spec / t_plain,
                      "hf_prompt_lookup_vs_ngram": a["hf_lookup"][0] / t_spec,
-                     "speculative": spec.generator.stats.to_json()}
+                     "speculative": spec.speculation.stats.to_json()}
     return out
 
 
@@ -173,7 +173,7 @@ def draft_task(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
             assert got.token_ids == want.token_ids, f"{quant} draft speculation changed the greedy tokens"
             row[f"draft_{label}_s"] = t_spec
             row[f"speedup_{label}"] = t_plain / t_spec
-            row[f"speculative_{label}"] = specs[quant, label].generator.stats.to_json()
+            row[f"speculative_{label}"] = specs[quant, label].speculation.stats.to_json()
     return out
 
 
@@ -216,7 +216,7 @@ def step_costs(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
         spec = LLM(engines["float32"], threads=threads,
                    speculative=SpeculativeConfig("draft", draft_engine=str(engine), num_draft_tokens=4))
         ours(spec, ids, max_new_tokens)()
-        alpha = spec.generator.stats.to_json()["acceptance_rate"]
+        alpha = spec.speculation.stats.to_json()["acceptance_rate"]
 
         def best(a: float, c: float = c) -> tuple[int, float]:
             rates = {k: (k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)) / (k * c + verify[k + 1])
@@ -257,17 +257,15 @@ class NeverAccepted:
 
 def worst_case(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
     from engine_builder import LLM
-    from engine_builder.runner.sampler import Sampler
-    from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator
+    from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeDecode
 
     plain = LLM(engines["float32"], threads=threads)
     ids = plain.encode_chat([{"role": "user", "content": STORY_TASK}])
     never = {}
     for label, k in (("adaptive", None), ("k4", 4)):
         llm = never[label] = LLM(engines["float32"], threads=threads)
-        llm._generator = SpeculativeGenerator(llm.backend, llm.tokenizer, llm.generator.eos_token_ids, Sampler(),
-                                              None, config=SpeculativeConfig("ngram", num_draft_tokens=k),
-                                              proposer=NeverAccepted())
+        llm.generator.decoding = SpeculativeDecode(llm.backend, config=SpeculativeConfig("ngram", num_draft_tokens=k),
+                                                   proposer=NeverAccepted())
     r = timed({"plain": ours(plain, ids, max_new_tokens),
                **{label: ours(llm, ids, max_new_tokens) for label, llm in never.items()}}, runs)
     t_plain, want = r["plain"]
@@ -277,7 +275,7 @@ def worst_case(engines, runs: int, max_new_tokens: int, threads: int) -> dict:
         assert got.token_ids == want.token_ids, "rejected drafts changed the greedy tokens"
         out[f"{label}_s"] = t_spec
         out[f"{label}_vs_plain"] = t_spec / t_plain
-        out[f"speculative_{label}"] = llm.generator.stats.to_json()
+        out[f"speculative_{label}"] = llm.speculation.stats.to_json()
     return out
 
 

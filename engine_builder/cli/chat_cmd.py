@@ -115,9 +115,9 @@ def chat(
 
 
 def _speculation(llm) -> str:
-    """`-v`: the acceptance so far (SpeculativeGenerator.stats, per turn: each turn is a run)."""
-    stats = getattr(llm.generator, "stats", None)
-    if stats is None:
+    """`-v`: the acceptance so far (LLM.speculation's stats, per turn: each turn is a run)."""
+    if llm.speculation is None:
         return ""
+    stats = llm.speculation.stats
     return (f"; speculative {stats.method}: {stats.accepted_tokens}/{stats.draft_tokens} drafts accepted, "
             f"{stats.mean_accepted_length:.2f} tokens per verify step")

@@ -135,7 +135,7 @@ def run(
                                   "backend": llm.backend_name, "backend_reason": llm.backend_reason,
                                   "timings": timings.to_json()}
         if spec is not None:  # acceptance rate, mean accepted length
-            result["speculative"] = llm.generator.stats.to_json()
+            result["speculative"] = llm.speculation.stats.to_json()
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n")

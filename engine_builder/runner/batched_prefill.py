@@ -112,7 +112,7 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
     """Prefill every request's remaining context in one engine call and sample each one's first token.
     The caller planned the group (start, fits); one that does not fit raises instead of reading a row's logits
     from the wrong position. Returns the tokens the call fed (rows x width)."""
-    backend, kv = generator.backend, generator.backend.kv
+    kv = generator.backend.kv
     by_slot = sorted(requests, key=lambda r: r.slot)
     starts = {r.slot: start(generator, r) for r in by_slot}  # the plan's starts (looked up once per slot)
     lo, hi = by_slot[0].slot, by_slot[-1].slot + 1
@@ -133,12 +133,12 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
             r.sampling.grammar.prefetch()
     slots = np.fromiter(contexts, np.int64, len(contexts))
     batch = ModelInput.ragged(slots, [np.asarray(c, np.int64) for c in contexts.values()], kv.lengths[slots])
-    logits = backend.forward(batch)  # [n, vocab]: each row's last token (a slot engine pads rows to `width`)
+    logits = generator.run_step(batch)  # [n, vocab]: each row's last token (a slot engine pads rows to `width`)
     for r in by_slot:
         kv.advance(r.slot, len(contexts[r.slot]))
         if not r.token_ids and generator.prefix_cache is not None:
             generator.prefix_cache.store(r.cache_prompt, r.slot)
     sample = generator.sampler(logits, [r.sampling for r in by_slot])
     for r, token, lp in zip(by_slot, sample.token_ids, sample.logprobs):
-        generator._accept(r, int(token), lp, events)
+        generator.accept(r, int(token), lp, events)
     return (hi - lo) * width

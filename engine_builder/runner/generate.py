@@ -56,14 +56,53 @@ class Admission(Protocol):
     def run(self, generator: Generator, requests: Sequence[RequestState], clock: StepClock) -> Iterator[Event]: ...
 
 
+class DecodePolicy(Protocol):
+    """How the loop's decode step runs for the requests past their prefill: PlainDecode (below: one batched
+    engine call, a token each) or speculative decoding's propose -> verify -> accept
+    (runner/speculative/speculative_decode.py). Either one emits tokens through Generator.accept."""
+
+    step_tokens: int  # KV positions one decode step may write per request (the scheduler's lookahead)
+
+    def begin(self) -> None:
+        """A run starts (per-run statistics reset)."""
+
+    def decode(self, gen: Generator, active: dict[int, RequestState], events: list[Event],
+               clock: StepClock | None) -> None:
+        """One decode step over `active` (slot -> request); finished requests leave it."""
+
+    def release(self, r: RequestState) -> None:
+        """r leaves the loop (finished, cancelled, preempted): drop what the policy kept for it."""
+
+    def close(self) -> None: ...
+
+
+class PlainDecode:
+    """The default DecodePolicy: every active request's next token from one batched step."""
+
+    step_tokens = 1
+
+    def begin(self) -> None:
+        pass
+
+    def decode(self, gen: Generator, active: dict[int, RequestState], events: list[Event],
+               clock: StepClock | None) -> None:
+        gen.decode_batch(active, events, clock)
+
+    def release(self, r: RequestState) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Generator:
     """Runs requests on one backend. One driver at a time (claim): the KV cache belongs to it."""
 
-    step_tokens = 1  # KV positions one decode step may write per request (speculative decoding: more)
-
     def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int] = (),
-                 sampler: Sampler | None = None, prefix_cache: PrefixCache | None = None) -> None:
+                 sampler: Sampler | None = None, prefix_cache: PrefixCache | None = None,
+                 decoding: DecodePolicy | None = None) -> None:
         self.backend = backend
+        self.decoding: DecodePolicy = decoding or PlainDecode()
         self.prefix_cache = prefix_cache  # reuse earlier prompts' full KV blocks (prefix_cache.py)
         # also keep what a request generated (chat: the next turn's prompt starts with this answer)
         self.cache_outputs = False
@@ -74,7 +113,7 @@ class Generator:
         # how start()'s sampled requests are admitted and stepped: the scheduler's step loop, which LLM sets
         # (runner/scheduling/block_admission.py; the scheduling package sits above this module)
         self.admission: Admission | None = None
-        self._next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
+        self.next_ids = np.zeros((backend.kv.batch_slots, 1), np.int64)  # [slots, 1] each slot's last token
         self._owner: tuple[str, str] | None = None  # who drives the step functions now, and how to free them
         self._owner_lock = threading.Lock()
         # json_schema / regex / choice requests: llguidance over this tokenizer (grammar.py), built lazily
@@ -150,8 +189,16 @@ class Generator:
                     for i, (ids, p, image) in enumerate(zip(prompts, params, images))]
         return requests, self._loop(requests)
 
+    @property
+    def step_tokens(self) -> int:
+        return self.decoding.step_tokens
+
+    def close(self) -> None:
+        self.decoding.close()  # a draft model's engine
+
     def _loop(self, requests: list[RequestState]) -> Iterator[Event]:
         self.claim("an unfinished stream?", "finish or close it first")
+        self.decoding.begin()
         clock = StepClock(self.backend)
         try:
             # lower priority values first (SamplingParams.priority); a stable sort keeps the order within a level
@@ -164,6 +211,13 @@ class Generator:
             self.unclaim()
 
     # --- the step functions -----------------------------------------------------------------
+
+    def run_step(self, batch: ModelInput) -> Any:
+        """Run the model over one step's batch: the one place the runtime calls a backend's forward (every step
+        kind (prefill, batched prefill, decode, beams, verify) builds a ModelInput and comes here;
+        tests/architecture/test_layers.py checks it). Logits of batch.logits_indices in the backend's own array
+        type: numpy for a host backend, a device tensor for the torch backend (the sampler reads them there)."""
+        return self.backend.forward(batch)
 
     def admit(self, r: RequestState, initial_tokens: int | None = None) -> None:
         """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot); a paged cache takes blocks
@@ -221,8 +275,8 @@ class Generator:
             logits = self._prefill_scored(r, start, end)
         else:
             ids = np.asarray(context[start:end], np.int64)[None, :]
-            logits = self.backend.forward(ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1],
-                                                          images=_images(r, start, end)))  # [1, vocab]
+            logits = self.run_step(ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1],
+                                                  images=_images(r, start, end)))  # [1, vocab]
             kv.advance(r.slot, end - start)
         if end == len(context) and not r.token_ids and self.prefix_cache is not None:
             self.prefix_cache.store(r.cache_prompt, r.slot)
@@ -231,7 +285,7 @@ class Generator:
             self._beam_step(r, np.repeat(self.backend.to_host(logits), len(r.beam_slots), axis=0), events)
         elif end == len(context):  # earlier chunks' logits predict prompt tokens we already have
             sample = self.sampler(logits, [r.sampling])
-            self._accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
+            self.accept(r, int(sample.token_ids[0]), sample.logprobs[0], events)
 
     def _prefill_scored(self, r: RequestState, start: int, end: int) -> np.ndarray:
         """Prompt tokens start..end, scoring each next prompt token (prompt_logprobs): in steps of up to
@@ -245,7 +299,7 @@ class Generator:
             ids = np.asarray(context[at:min(end, at + chunk)], np.int64)[None, :]
             batch = ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1], logits=ids.shape[1],
                                     images=_images(r, at, at + ids.shape[1]))
-            tail = self.backend.to_host(self.backend.forward(batch))  # [seq, vocab]: j predicts the token after ids[j]
+            tail = self.backend.to_host(self.run_step(batch))  # [seq, vocab]: j predicts the token after ids[j]
             kv.advance(r.slot, ids.shape[1])
             for j in range(ids.shape[1]):
                 if at + j + 1 < len(r.prompt_ids):
@@ -268,6 +322,11 @@ class Generator:
                     del active[slot]
 
     def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
+        """The loop's decode step over `active` (slot -> request), as the decode policy runs it."""
+        self.decoding.decode(self, active, events, clock)
+
+    def decode_batch(self, active: dict[int, RequestState], events: list[Event],
+                     clock: StepClock | None = None) -> None:
         """One engine call feeding every active request its last token; finished ones leave `active`.
         The step is a ModelInput of the active slots only; a slot engine runs it over [lowest, highest]
         (SlotRows), where inactive slots ride along (free, or mid-way through a chunked prefill): each
@@ -280,7 +339,7 @@ class Generator:
             if active[s].sampling.grammar is not None:
                 active[s].sampling.grammar.prefetch()
         at = np.asarray(slots, np.int64)
-        logits = self.backend.forward(ModelInput.decode(at, self._next_ids[at, 0], self.backend.kv.lengths[at]))
+        logits = self.run_step(ModelInput.decode(at, self.next_ids[at, 0], self.backend.kv.lengths[at]))
         rows = [active[s] for s in slots]
         sampled = [i for i, r in enumerate(rows) if r.beams is None]
         if sampled:
@@ -289,7 +348,7 @@ class Generator:
                                   [r.sampling for r in requests])
             for r, token, lp in zip(requests, sample.token_ids, sample.logprobs):
                 self.backend.kv.advance(r.slot, 1)
-                self._accept(r, int(token), lp, events)
+                self.accept(r, int(token), lp, events)
         if len(sampled) < len(rows):
             host = self.backend.to_host(logits)  # [rows, vocab]
             row_of = {s: i for i, s in enumerate(slots)}
@@ -304,7 +363,7 @@ class Generator:
             clock.decode_step(time.perf_counter() - started, self.backend.execute_seconds - execute_before,
                               len(sampled) + len({r.index for r in rows if r.beams is not None}))
 
-    def _accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
+    def accept(self, r: RequestState, token: int, logprobs: TokenLogprobs | None, events: list[Event]) -> None:
         r.token_ids.append(token)
         r.sampling.append(token)
         if r.logprobs is not None and logprobs is not None:
@@ -316,7 +375,7 @@ class Generator:
                 self.prefix_cache.store([*r.cache_prompt, *r.token_ids], r.slot)
             self.release(r)
         else:
-            self._next_ids[r.slot, 0] = token
+            self.next_ids[r.slot, 0] = token
         events.append(Event(r.index, out.text, out.finished, token, logprobs))
 
     def _beam_step(self, r: RequestState, logits: np.ndarray, events: list[Event]) -> None:
@@ -330,13 +389,14 @@ class Generator:
         slots = r.beam_slots
         if not np.array_equal(step.parents, np.arange(len(slots))):
             self.backend.copy_slots([slots[p] for p in step.parents], slots)
-        self._next_ids[list(slots), 0] = step.tokens
+        self.next_ids[list(slots), 0] = step.tokens
         r.token_ids = r.beams.leading
 
     def release(self, r: RequestState) -> None:
         """Give r's slots back (finished, cancelled or failed): their cache rows return to zeros."""
+        self.decoding.release(r)
         for slot in r.slots:
-            self._next_ids[slot, 0] = 0  # an idle row feeds token 0 at length 0
+            self.next_ids[slot, 0] = 0  # an idle row feeds token 0 at length 0
             self.backend.release(slot)
         r.slot, r.beam_slots = None, ()
         r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again

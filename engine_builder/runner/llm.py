@@ -36,7 +36,7 @@ from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
-from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeGenerator, speculative_generator
+from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeDecode, speculative_decode
 from engine_builder.util.errors import InputError, UnsupportedError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -206,11 +206,10 @@ class LLM:
         cache = None
         if prefix_cache and self.backend.reprefill_after is None:  # longrope: cached keys change past a length
             cache = self.backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
-        if spec is None:
-            self._generator = Generator(self.backend, self.tokenizer, eos, self.backend.make_sampler(seed), cache)
-        else:
-            self._generator = speculative_generator(spec, self.backend, self.tokenizer, eos,
-                                                    self.backend.make_sampler(seed), cache, seed=seed, threads=threads)
+        decoding = None if spec is None else speculative_decode(spec, self.backend, self.tokenizer, seed=seed,
+                                                                threads=threads)
+        self._generator = Generator(self.backend, self.tokenizer, eos, self.backend.make_sampler(seed), cache,
+                                    decoding)
         # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
         # keep answers themselves, runner/chat_session.py)
@@ -335,12 +334,18 @@ class LLM:
         return self._generator
 
     @property
+    def speculation(self) -> SpeculativeDecode | None:
+        """Speculative decoding's policy on the loop (its stats, its proposer), or None without --speculative."""
+        decoding = self._generator.decoding if self.embedder is None else None
+        return decoding if isinstance(decoding, SpeculativeDecode) else None
+
+    @property
     def last_timings(self) -> Timings | None:
         """Timings of the last finished generate/stream/chat call."""
         return self._generator.timings
 
     def close(self) -> None:
-        if isinstance(self._generator, SpeculativeGenerator):
+        if self.embedder is None:
             self._generator.close()  # a draft engine's backend
         self.backend.close()
 

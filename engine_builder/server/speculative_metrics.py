@@ -1,4 +1,4 @@
-"""/metrics of a `serve --speculative` server: what the speculative generator counted, read at scrape time
+"""/metrics of a `serve --speculative` server: what the speculative decode policy counted, read at scrape time
 (runner/speculative/stats.py; cumulative since the server started, as Prometheus counters are).
 
     trtbuild_speculative_draft_tokens_total      tokens the proposer drafted and the target verified
@@ -20,18 +20,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine_builder.runner.speculative import SpeculativeGenerator
+from engine_builder.runner.speculative import SpeculativeDecode
 
 if TYPE_CHECKING:
     from engine_builder.executor import Executor
 
 
 class _SpeculativeCollector(Collector):
-    def __init__(self, generator: SpeculativeGenerator) -> None:
-        self._generator = generator
+    def __init__(self, speculation: SpeculativeDecode) -> None:
+        self._speculation = speculation
 
     def collect(self) -> Iterator[Metric]:
-        s = self._generator.stats  # plain ints the executor thread bumps: a scrape reads a consistent-enough view
+        s = self._speculation.stats  # plain ints the executor thread bumps: a scrape reads a consistent-enough view
         method = s.method
         for name, value, text in (
                 ("draft_tokens", s.draft_tokens, "Tokens drafted by the proposer and verified by the target."),
@@ -57,6 +57,6 @@ class _SpeculativeCollector(Collector):
 
 def register_speculative(registry: CollectorRegistry, executor: Executor) -> None:
     """Add the speculative metrics when the executor's LLM speculates (`serve --speculative`)."""
-    generator = executor.llm.generator
-    if isinstance(generator, SpeculativeGenerator):
-        registry.register(_SpeculativeCollector(generator))
+    speculation = executor.llm.speculation
+    if speculation is not None:
+        registry.register(_SpeculativeCollector(speculation))

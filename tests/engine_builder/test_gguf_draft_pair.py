@@ -136,7 +136,7 @@ def test_speculative_greedy_with_the_draft_is_the_targets(pair, tmp_path):
         spec = LLM(tmp_path / "target", speculative=SpeculativeConfig("draft", draft_engine=str(tmp_path / draft),
                                                                      num_draft_tokens=k))
         assert [o.token_ids for o in spec.generate(prompt_token_ids=prompts, params=params)] == want
-        stats = spec.generator.stats
+        stats = spec.speculation.stats
         assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.5  # the target's own weights: mostly agrees
 
 

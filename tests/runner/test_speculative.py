@@ -39,7 +39,7 @@ def test_greedy_tokens_identical_for_both_proposers(tiny_engine, arch, draft_arc
     for config in configs:
         llm = LLM(engine, speculative=config)
         _same(llm.generate(prompt_token_ids=PROMPTS, params=GREEDY), want)
-        stats = llm.generator.stats
+        stats = llm.speculation.stats
         assert stats.verify_steps > 0 and stats.draft_tokens >= stats.accepted_tokens
         if config.num_draft_tokens:  # both prompts draft at once: one engine step verifies them together
             assert stats.batched_verify_steps > 0
@@ -56,7 +56,7 @@ def test_beam_search_beside_speculative_requests_is_as_without(tiny_engine):
     llm = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(engine)))
     got = llm.generate(prompt_token_ids=PROMPTS, params=[GREEDY, beams])
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert llm.generator.stats.verify_steps > 0 and llm.generator.stats.plain_steps > 0
+    assert llm.speculation.stats.verify_steps > 0 and llm.speculation.stats.plain_steps > 0
     assert llm.backend.kv.num_free == llm.backend.kv.batch_slots
 
 
@@ -68,7 +68,7 @@ def test_streaming_stop_strings_and_max_tokens_as_without(tiny_engine):
     for params in (SamplingParams(max_new_tokens=n, temperature=0) for n in (1, 2, 7, 23)):
         _same_stream(plain, spec, PROMPTS[0], params)
     _same_stream(plain, spec, PROMPTS[0], SamplingParams(max_new_tokens=40, temperature=0, stop=(stop,)))
-    assert spec.generator.stats.verify_steps > 0
+    assert spec.speculation.stats.verify_steps > 0
 
 
 def _same_stream(plain: LLM, spec: LLM, ids: list[int], params: SamplingParams) -> None:
@@ -91,11 +91,11 @@ def test_smollm2_greedy_identical_with_ngram_and_draft(smollm2_engine, smollm2_g
     want = LLM(smollm2_engine).chat([{"role": "user", "content": text}], params)
     ngram = LLM(smollm2_engine, speculative="ngram")
     assert [o.token_ids for o in ngram.chat([{"role": "user", "content": text}], params)] == [want[0].token_ids]
-    assert ngram.generator.stats.accepted_tokens > 8
+    assert ngram.speculation.stats.accepted_tokens > 8
     # the GroupQueryAttention graph of the same model drafts for the default graph: same tokenizer
     draft = LLM(smollm2_engine, speculative=SpeculativeConfig("draft", draft_engine=str(smollm2_gqa_engine)))
     assert [o.token_ids for o in draft.chat([{"role": "user", "content": text}], params)] == [want[0].token_ids]
-    assert draft.generator.stats.acceptance_rate > 0.8
+    assert draft.speculation.stats.acceptance_rate > 0.8
 
 
 def test_sampled_distribution_equals_the_targets(tiny_engine):
@@ -113,7 +113,7 @@ def test_sampled_distribution_equals_the_targets(tiny_engine):
     spec = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(draft), num_draft_tokens=1))
     outs = spec.generate(prompt_token_ids=[prompt] * n,
                          params=[dataclasses.replace(params, seed=s) for s in range(n)])
-    stats = spec.generator.stats
+    stats = spec.speculation.stats
     pairs = [o.token_ids for o in outs if len(o.token_ids) == 2]  # not those whose first token was EOS
     assert stats.verify_steps == len(pairs) > 0.95 * n  # every second token went through the rejection rule
     assert 30 < stats.accepted_tokens < stats.verify_steps - 30  # drafts kept, and drafts corrected
@@ -207,7 +207,7 @@ def test_the_executor_drives_a_speculative_generator(tiny_engine):
         handles = [executor.submit(p, GREEDY) for p in PROMPTS]
         got = [h.result() for h in handles]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert llm.generator.stats.verify_steps > 0
+    assert llm.speculation.stats.verify_steps > 0
 
 
 def test_batched_verify_with_a_free_slot_between_drafting_rows(tiny_engine):
@@ -224,7 +224,7 @@ def test_batched_verify_with_a_free_slot_between_drafting_rows(tiny_engine):
         handles = [executor.submit(p, sp) for p, sp in zip(prompts, params)]
         got = [h.result() for h in handles]
     _same(got, want)
-    assert llm.generator.stats.batched_verify_steps > 0
+    assert llm.speculation.stats.batched_verify_steps > 0
 
 
 def test_decode_timings_count_the_drafting(tiny_engine):
@@ -234,7 +234,7 @@ def test_decode_timings_count_the_drafting(tiny_engine):
 
     engine, _ = tiny_engine("llama")
     llm = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(engine), num_draft_tokens=3))
-    draft = llm.generator.proposer.backend
+    draft = llm.speculation.proposer.backend
     before = draft.execute_seconds
     started = time.perf_counter()
     llm.generate(prompt_token_ids=PROMPTS[:1], params=GREEDY)

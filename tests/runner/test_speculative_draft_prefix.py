@@ -17,7 +17,7 @@ def test_a_parked_draft_slot_serves_the_next_request_with_its_prefix(tiny_engine
     engine, _ = tiny_engine("llama")
     plain = LLM(engine)
     llm = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(engine), num_draft_tokens=3))
-    proposer = llm.generator.proposer
+    proposer = llm.speculation.proposer
     draft = proposer.backend
     fed: list[int] = []  # tokens of each draft engine call, in order
     bind = draft.bind
@@ -40,7 +40,7 @@ def test_a_parked_draft_slot_serves_the_next_request_with_its_prefix(tiny_engine
         # or only what the parked slot lacks: A again the emitted token (whose logits start the draft), A_LONGER
         # its 3 new tokens and that one
         assert fed[0] == first_feed, (prompt, fed[:3])
-        stats = llm.generator.stats
+        stats = llm.speculation.stats
         assert stats.acceptance_rate == 1.0, (prompt, stats.to_json())  # drafting for itself off the reused cache
     assert draft.kv.num_free + len(proposer._parked) == draft.kv.batch_slots
     proposer.forget_parked()  # every slot free again: A is fed whole
@@ -54,7 +54,7 @@ def test_a_parked_draft_slot_serves_the_next_request_with_its_prefix(tiny_engine
 def test_parking_off_frees_the_slot(tiny_engine):
     engine, _ = tiny_engine("llama")
     llm = LLM(engine, speculative=SpeculativeConfig("draft", draft_engine=str(engine), num_draft_tokens=3))
-    proposer = llm.generator.proposer
+    proposer = llm.speculation.proposer
     proposer.park = False
     llm.generate(prompt_token_ids=[A], params=GREEDY)
     assert not proposer._parked and proposer.backend.kv.num_free == proposer.backend.kv.batch_slots

@@ -100,4 +100,4 @@ def test_adaptive_batched_verify_with_riders_keeps_greedy_tokens(tiny_engine):
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     for g, w in zip(got, want):
         np.testing.assert_allclose([lp.logprob for lp in g.logprobs], [lp.logprob for lp in w.logprobs], atol=1e-4)
-    assert llm.generator.stats.batched_verify_steps > 0
+    assert llm.speculation.stats.batched_verify_steps > 0

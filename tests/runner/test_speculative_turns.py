@@ -17,6 +17,6 @@ def _stops(session) -> bool:
 def test_only_a_target_and_its_draft_stop_spinning_after_a_run(tiny_engine):
     engine, _ = tiny_engine("llama")
     draft = LLM(engine, backend="onnxruntime", speculative=SpeculativeConfig("draft", draft_engine=str(engine)))
-    assert _stops(draft.backend.session) and _stops(draft.generator.proposer.backend.session)
+    assert _stops(draft.backend.session) and _stops(draft.speculation.proposer.backend.session)
     for llm in (LLM(engine, backend="onnxruntime"), LLM(engine, backend="onnxruntime", speculative="ngram")):
         assert not _stops(llm.backend.session)

@@ -6,30 +6,26 @@
 
 config.py (what to run), proposer.py (the interface), ngram.py and draft.py (the proposers),
 acceptance.py (greedy match and the rejection-sampling rule), draft_length.py (fixed or adaptive k),
-generator.py (the decode step that verifies), stats.py (acceptance rate, mean accepted length).
+speculative_decode.py (the loop's decode policy that verifies), stats.py (acceptance rate, mean accepted length).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from engine_builder.runner.backend import Backend
-from engine_builder.runner.kv.prefix_cache import PrefixCache
-from engine_builder.runner.sampler import Sampler
-from engine_builder.runner.speculative.generator import SpeculativeGenerator
 from engine_builder.runner.speculative.proposer import Proposal, Proposer
 from engine_builder.runner.speculative.speculative_config import METHODS, SpeculativeConfig
+from engine_builder.runner.speculative.speculative_decode import SpeculativeDecode
 from engine_builder.runner.speculative.stats import SpeculativeStats
 
-__all__ = ["METHODS", "Proposal", "Proposer", "SpeculativeConfig", "SpeculativeGenerator", "SpeculativeStats",
-           "speculative_generator"]
+__all__ = ["METHODS", "Proposal", "Proposer", "SpeculativeConfig", "SpeculativeDecode", "SpeculativeStats",
+           "speculative_decode"]
 
 
-def speculative_generator(config: SpeculativeConfig, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int],
-                          sampler: Sampler, prefix_cache: PrefixCache | None, *, seed: int | None = None,
-                          threads: int | None = None) -> SpeculativeGenerator:
-    """The generation loop of LLM(..., speculative=config): its proposer opened (a draft engine loaded)."""
+def speculative_decode(config: SpeculativeConfig, backend: Backend, tokenizer: Any, *, seed: int | None = None,
+                       threads: int | None = None) -> SpeculativeDecode:
+    """The decode policy of LLM(..., speculative=config): its proposer opened (a draft engine loaded)."""
     if config.method == "ngram":
         from engine_builder.runner.speculative.ngram import NgramProposer
 
@@ -40,5 +36,4 @@ def speculative_generator(config: SpeculativeConfig, backend: Backend, tokenizer
         # the near-tie stop belongs to the adaptive length: a fixed --num-draft-tokens drafts that many
         proposer = DraftProposer(config.draft_engine, tokenizer, backend.vocab_size, config.draft_backend,
                                  threads=threads, seed=seed, stop_margin=STOP_MARGIN if config.adaptive else None)
-    return SpeculativeGenerator(backend, tokenizer, eos_token_ids, sampler, prefix_cache, config=config,
-                                proposer=proposer, seed=seed)
+    return SpeculativeDecode(backend, config=config, proposer=proposer, seed=seed)

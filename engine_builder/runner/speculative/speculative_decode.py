@@ -1,10 +1,10 @@
-"""The generation loop with speculative decoding: Generator whose decode step verifies drafts.
+"""Speculative decoding as the one loop's decode policy: propose, verify, accept (Generator(decoding=...)).
 
 For each running request, a proposer (ngram.py, draft.py) offers up to k tokens; the target engine then
 runs ONE step over [last token, d1..dk] at the request's cache length (the graph's logits_tail gives the
 logits of all k+1 positions) and acceptance.py decides, position by position, which tokens survive: the
 accepted drafts, then the target's own token (a correction, or a bonus after k accepted drafts). Each
-emitted token goes through the same `_accept` as plain decoding (stop tokens, stop strings, max tokens,
+emitted token goes through the same Generator.accept as plain decoding (stop tokens, stop strings, max tokens,
 logprobs, streaming events), so those behave exactly as without speculation.
 
 KV rollback: the step writes all k+1 positions, but the slot's length advances only by the tokens that
@@ -22,18 +22,13 @@ batched decode step, so a seeded request's draws never depend on what else share
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.generate import Generator
-from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import Event, RequestState, StepClock
-from engine_builder.runner.sampler import Sampler
-from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.speculative.acceptance import bonus_token, verify_token
 from engine_builder.runner.speculative.draft_length import DraftLength, StepCosts
 from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal, Proposer
@@ -42,11 +37,14 @@ from engine_builder.runner.speculative.stats import SpeculativeStats
 from engine_builder.util.errors import UnsupportedError
 
 
-class SpeculativeGenerator(Generator):
-    def __init__(self, backend: Backend, tokenizer: Any, eos_token_ids: Sequence[int], sampler: Sampler,
-                 prefix_cache: PrefixCache | None, *, config: SpeculativeConfig, proposer: Proposer,
+class SpeculativeDecode:
+    """The DecodePolicy (generate.py) of LLM(..., speculative=...): each step, requests with drafts verify them,
+    the others decode in the Generator's plain batched step. Its stats and proposer are what a caller reads
+    (LLM.speculation)."""
+
+    def __init__(self, backend: Backend, *, config: SpeculativeConfig, proposer: Proposer,
                  seed: int | None = None) -> None:
-        super().__init__(backend, tokenizer, eos_token_ids, sampler, prefix_cache)
+        self.backend = backend
         if backend.logits_tail < 2:
             raise UnsupportedError("this engine's steps return the last position's logits only, so it cannot verify "
                                    "drafts; rebuild it with this trtbuild (`trtbuild build <ckpt-dir> <engine-dir> "
@@ -67,11 +65,11 @@ class SpeculativeGenerator(Generator):
         self._prior = DraftLength(self.cap, config.adaptive)
         self._rng = np.random.default_rng(seed)  # acceptance draws of requests without their own seed
 
-    def start(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], images=None):
+    def begin(self) -> None:
         self.stats = SpeculativeStats(self.proposer.name)  # per run, like Generator.timings
-        return super().start(prompts, params, images)
 
-    def decode(self, active: dict[int, RequestState], events: list[Event], clock: StepClock | None = None) -> None:
+    def decode(self, gen: Generator, active: dict[int, RequestState], events: list[Event],
+               clock: StepClock | None = None) -> None:
         costs = self._costs.get(len(active))
         if costs is None:  # a new batch size: its steps are measured afresh; the proposer's cost carries over
             costs = self._costs[len(active)] = StepCosts(draft_token=self.costs.draft_token,
@@ -114,21 +112,21 @@ class SpeculativeGenerator(Generator):
                 plain = dict(sorted(plain.items()))
                 drafted = {}
         if len(drafted) > 1 and self._fits_together(drafted):
-            self._verify_batch(drafted, events, clock)
+            self._verify_batch(gen, drafted, events, clock)
         else:
             for r, control, proposal in drafted.values():
-                control.observe(len(proposal.tokens), self._verify(r, proposal, events, clock), proposal.match)
+                control.observe(len(proposal.tokens), self._verify(gen, r, proposal, events, clock), proposal.match)
         for slot, (r, _, _) in drafted.items():
             if r.slot is None:
                 del active[slot]
         if len(plain) == 1:  # (a beam search has two rows or more)
             (slot, r), = plain.items()
-            self._verify(r, NO_PROPOSAL, events, clock)  # one row at its own slot: a plain step, timed as t1
+            self._verify(gen, r, NO_PROPOSAL, events, clock)  # one row at its own slot: a plain step, timed as t1
             if r.slot is None:
                 del active[slot]
         elif plain:
             running, started = list(plain), time.perf_counter()
-            super().decode(plain, events, clock)  # one batched step; verified rows ride along harmlessly
+            gen.decode_batch(plain, events, clock)  # one batched step; verified rows ride along harmlessly
             self.costs.observe_plain(time.perf_counter() - started)  # a batch of one-token rows costs about t1
             self.stats.plain_steps += 1
             for slot in running:
@@ -201,21 +199,21 @@ class SpeculativeGenerator(Generator):
         kv = self.backend.kv  # lengths, not length(): a free slot between two drafted ones rides along at 0
         return bool((kv.lengths[min(drafted):max(drafted) + 1] + width <= kv.max_seq).all())
 
-    def _verify_batch(self, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]], events: list[Event],
-                      clock: StepClock | None) -> None:
+    def _verify_batch(self, gen: Generator, drafted: dict[int, tuple[RequestState, DraftLength, Proposal]],
+                      events: list[Event], clock: StepClock | None) -> None:
         """One engine step verifying every drafted request (see the module docstring), then each row's acceptance."""
         started, execute_before = time.perf_counter(), self.backend.execute_seconds
         lo, hi = min(drafted), max(drafted) + 1
         width = max(len(p.tokens) for _, _, p in drafted.values()) + 1
         ids = np.zeros((hi - lo, width), np.int64)  # rows riding along, and the padding: token 0
-        ids[:, 0] = self._next_ids[lo:hi, 0]
+        ids[:, 0] = gen.next_ids[lo:hi, 0]
         for slot, (_, _, proposal) in drafted.items():
             ids[slot - lo, 1:len(proposal.tokens) + 1] = proposal.tokens
         batch = ModelInput.rows(lo, ids, self.backend.kv.lengths[lo:hi], logits=width)
-        logits = self.backend.to_host(self.backend.forward(batch)).reshape(hi - lo, width, -1)  # [rows, width, vocab]
+        logits = self.backend.to_host(gen.run_step(batch)).reshape(hi - lo, width, -1)  # [rows, width, vocab]
         emitted = 0
         for slot, (r, control, proposal) in drafted.items():
-            accepted, kept = self._settle(r, proposal, logits[slot - lo, :len(proposal.tokens) + 1], events)
+            accepted, kept = self._settle(gen, r, proposal, logits[slot - lo, :len(proposal.tokens) + 1], events)
             if proposal.tokens:  # a rider's plain step was observed when it proposed nothing
                 control.observe(len(proposal.tokens), accepted, proposal.match)
             emitted += kept
@@ -225,16 +223,17 @@ class SpeculativeGenerator(Generator):
         if clock is not None:
             clock.decode_step(seconds, self.backend.execute_seconds - execute_before, emitted)
 
-    def _verify(self, r: RequestState, proposal: Proposal, events: list[Event], clock: StepClock | None) -> int:
+    def _verify(self, gen: Generator, r: RequestState, proposal: Proposal, events: list[Event],
+                clock: StepClock | None) -> int:
         """One engine step over [last token, *drafts] at r's slot; emits the kept tokens; how many drafts survived."""
         started, execute_before = time.perf_counter(), self.backend.execute_seconds
         slot, drafts = r.slot, proposal.tokens
         ids = np.empty((1, len(drafts) + 1), np.int64)
-        ids[0, 0] = self._next_ids[slot, 0]
+        ids[0, 0] = gen.next_ids[slot, 0]
         ids[0, 1:] = drafts
         batch = ModelInput.rows(slot, ids, self.backend.kv.lengths[slot:slot + 1], logits=ids.shape[1])
-        logits = self.backend.to_host(self.backend.forward(batch))  # [k+1, vocab]: i predicts the token after ids[i]
-        accepted, emitted = self._settle(r, proposal, logits, events)
+        logits = self.backend.to_host(gen.run_step(batch))  # [k+1, vocab]: i predicts the token after ids[i]
+        accepted, emitted = self._settle(gen, r, proposal, logits, events)
         seconds = time.perf_counter() - started
         if drafts:
             self.costs.observe_verify(len(drafts) + 1, seconds)
@@ -245,7 +244,8 @@ class SpeculativeGenerator(Generator):
             clock.decode_step(seconds, self.backend.execute_seconds - execute_before, emitted)
         return accepted
 
-    def _settle(self, r: RequestState, proposal: Proposal, logits: np.ndarray, events: list[Event]) -> tuple[int, int]:
+    def _settle(self, gen: Generator, r: RequestState, proposal: Proposal, logits: np.ndarray,
+                events: list[Event]) -> tuple[int, int]:
         """r's verdict on its drafts from the step's logits [k+1, vocab] (position i predicts the token after
         input i): the kept tokens emitted, the cache advanced by them; (drafts accepted, tokens emitted)."""
         slot, drafts = r.slot, proposal.tokens
@@ -254,7 +254,7 @@ class SpeculativeGenerator(Generator):
         accepted = emitted = 0
         for i in range(len(drafts) + 1):
             raw = logits[i:i + 1]  # [1, vocab]
-            processed = self.sampler.process(raw, [r.sampling])  # penalties see every token kept so far
+            processed = gen.sampler.process(raw, [r.sampling])  # penalties see every token kept so far
             if i < len(drafts):
                 q = None if proposal.probs is None else proposal.probs[i]
                 token, kept = verify_token(processed[0], drafts[i], q, greedy, rng)
@@ -262,11 +262,11 @@ class SpeculativeGenerator(Generator):
                 token, kept = bonus_token(processed[0], greedy, rng), False
             logprobs = None
             if r.logprobs is not None:
-                logprobs = self.sampler._logprobs(raw, processed, np.array([token]), [r.sampling])[0]
+                logprobs = gen.sampler._logprobs(raw, processed, np.array([token]), [r.sampling])[0]
             self.backend.kv.advance(slot, 1)  # ids[i] is context now: the cache keeps its position
             accepted += kept
             emitted += 1
-            self._accept(r, token, logprobs, events)
+            gen.accept(r, token, logprobs, events)
             if not kept or r.slot is None:
                 break
         if drafts:
@@ -277,11 +277,11 @@ class SpeculativeGenerator(Generator):
         return accepted, emitted
 
     def release(self, r: RequestState) -> None:
+        """r left the loop (finished, cancelled, preempted): its proposer state and draft length go."""
         self.proposer.release(r)
         control = self._lengths.pop(id(r), None)
         if control is not None and control.accepted:
             self._prior = control
-        super().release(r)
 
     def close(self) -> None:
         self.proposer.close()
