@@ -200,4 +200,5 @@ class PagedPrefixCache:
 
     def stats(self) -> PrefixCacheStats:
         s = self.kv.blocks.tree.stats()
-        return PrefixCacheStats(s.blocks, s.blocks * self.kv.layout.bytes_per_block, s.hit_tokens, s.lookup_tokens)
+        return PrefixCacheStats(s.blocks, s.blocks * self.kv.layout.bytes_per_block, s.hit_tokens, s.lookup_tokens,
+                                s.evicted_blocks)
