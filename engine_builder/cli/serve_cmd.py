@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP
+from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
@@ -122,6 +123,9 @@ def serve(
                                                            "tokenizer, e.g. an int4 build of the model).")] = None,
     num_draft_tokens: Annotated[int | None, typer.Option(help="Draft tokens per verify step (default: adaptive "
                                                               "to the acceptance rate).")] = None,
+    limit_mm_per_prompt: LimitMmPerPrompt = None,
+    max_image_bytes: MaxImageBytes = None,
+    max_image_pixels: MaxImagePixels = None,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
@@ -138,7 +142,9 @@ def serve(
         -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
     """
     from engine_builder.runner.parallel import launch
+    from engine_builder.runner.vision.image_limits import image_limits_from_flags
 
+    images = image_limits_from_flags(limit_mm_per_prompt, max_image_bytes, max_image_pixels)  # before any rank starts
     code = launch.dispatch_ranks(engine_dir, verify=not no_verify)  # tp/pp: a process per rank, rank 0 serves
     if code is not None:
         raise typer.Exit(code)
@@ -161,7 +167,7 @@ def serve(
                  max_connections=max_connections, stalled_stream_timeout=stalled_stream_timeout,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
-                 verify=not no_verify, speculative=spec)
+                 verify=not no_verify, speculative=spec, image_limits=images)
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
     # threads take a moment) must not turn exit 0 into death by signal
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from engine_builder.formats.build_config import Limits
+from engine_builder.runner.vision.image_limits import ImageLimits
 from engine_builder.util.errors import InputError
 
 # Active generation requests (queued + running) the server accepts before it answers 429; a
@@ -58,6 +59,9 @@ class ServerConfig:
     # a client address's requests past the door at once; more wait for its own to end (client_share.py);
     # None: twice the executor's batch, 0: off
     client_share: int | None = None
+    # a vision-language engine's images per request, bytes and pixels per image (--limit-mm-per-prompt,
+    # --max-image-bytes, --max-image-pixels); a data URL also counts against max_request_bytes
+    image_limits: ImageLimits = ImageLimits()
 
     def __post_init__(self) -> None:
         """The limits that do not depend on the engine (for_engine checks those that do)."""
@@ -98,7 +102,7 @@ class ServerConfig:
                    max_concurrent_per_client: int | None = None,
                    parse_chat_special_tokens: bool = False,
                    stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
-                   client_share: int | None = None) -> ServerConfig:
+                   client_share: int | None = None, image_limits: ImageLimits = ImageLimits()) -> ServerConfig:
         """Defaults from the engine's limits; a limit above the engine's is a user error (it could
         never be served), so it fails at start-up rather than on the first long request."""
         max_total = limits.max_seq_len if max_total_tokens is None else max_total_tokens
@@ -114,4 +118,5 @@ class ServerConfig:
                              "with a larger --max-seq-len")
         return cls(model_name, max_input, max_total, max_concurrent_requests, api_key, max_request_bytes,
                    request_timeout, max_top_logprobs, max_stop_sequences, max_stop_sequence_chars,
-                   max_concurrent_per_client, parse_chat_special_tokens, stalled_stream_timeout, client_share)
+                   max_concurrent_per_client, parse_chat_special_tokens, stalled_stream_timeout, client_share,
+                   image_limits)

@@ -375,7 +375,7 @@ async def with_images(state: ServerState, ids: list[int],
         raise ApiError(VALIDATION, f"{state.config.model_name} is a text-only model and takes no images; send text "
                                    "content only")
     if state.image_prompts is None:
-        state.image_prompts = image_prompts_for(llm.engine, llm.tokenizer)
+        state.image_prompts = image_prompts_for(llm.engine, llm.tokenizer, limits=state.config.image_limits)
     try:
         image = await off_loop(state.image_prompts.prepare, ids, list(images))
     except TrtbuildError as exc:

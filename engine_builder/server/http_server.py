@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine_builder.runner.vision.image_limits import ImageLimits
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -66,12 +67,14 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           max_connections: int = DEFAULT_MAX_CONNECTIONS,
           stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S, client_share: int | None = None,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
-          log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None) -> None:
+          log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None,
+          image_limits: ImageLimits = ImageLimits()) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
     "json", an access-log line per request (server/access_log.py). speculative: every request of this
     server decodes speculatively (runner/speculative/; same tokens at temperature 0), its acceptance
-    counted on /metrics (server/speculative_metrics.py)."""
+    counted on /metrics (server/speculative_metrics.py). image_limits: what a request's images may be (a
+    vision-language engine; runner/vision/image_limits.py)."""
     from engine_builder.executor import Executor
     from engine_builder.executor.scheduler_options import budget_total_tokens, scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS
@@ -104,7 +107,8 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                      max_stop_sequence_chars=max_stop_sequence_chars,
                                      max_concurrent_per_client=max_concurrent_per_client,
                                      parse_chat_special_tokens=parse_chat_special_tokens,
-                                     stalled_stream_timeout=stalled_stream_timeout, client_share=client_share)
+                                     stalled_stream_timeout=stalled_stream_timeout, client_share=client_share,
+                                     image_limits=image_limits)
     # queued + running never exceeds max_concurrent_requests, so the executor's queue must hold them all
     scheduler = scheduler_config(max_batch, max_concurrent_requests, max_num_batched_tokens, kv_budget_tokens)
     batch = scheduler.batch_for(engine.limits.max_batch)  # a bad --max-batch fails before the model loads

@@ -13,6 +13,7 @@ from transformers.models.clip.image_processing_pil_clip import CLIPImageProcesso
 from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
 from engine_builder.formats.vision_spec import ImageProcessorSpec
+from engine_builder.runner.vision.image_limits import PILLOW_MAX_PIXELS
 from engine_builder.runner.vision.image_processor import preprocess
 from engine_builder.runner.vision.images import ImageLimits, load_image
 from engine_builder.util.errors import InputError
@@ -98,3 +99,12 @@ def test_a_decompression_bomb_is_refused_before_decoding():
     Image.new("1", (20_000, 20_000)).save(bomb, "PNG")
     with pytest.raises(InputError, match="pixels are taken"):
         load_image(bomb.getvalue(), ImageLimits())
+
+
+def test_max_image_pixels_stops_where_pillow_refuses():
+    """--max-image-pixels is bounded by Pillow's own refusal (twice Image.MAX_IMAGE_PIXELS), which Image.open raises
+    before our header check: a larger limit could never be met."""
+    assert PILLOW_MAX_PIXELS == 2 * Image.MAX_IMAGE_PIXELS
+    ImageLimits(max_pixels=PILLOW_MAX_PIXELS)
+    with pytest.raises(InputError, match="--max-image-pixels must be in"):
+        ImageLimits(max_pixels=PILLOW_MAX_PIXELS + 1)

@@ -145,8 +145,10 @@ def test_run_with_images_and_chat_with_images(llava, hf, tmp_path):
                       "--image", "is not a file")
     inspect = trtbuild("inspect", engine, "--json")
     assert "clip tower (2 layers" in json.loads(inspect.stdout)["vision"] and "16 tokens per image" in inspect.stdout
-    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", path, "--backend", "torch"),
-                      "does not run image inputs yet")
+    on_torch = trtbuild("run", engine, "--prompt", "w7 w8 w9", "--no-chat", "--image", path, "--max-new-tokens", "6",
+                        "--temperature", "0", "--json", "--backend", "torch")  # the CPU, float32
+    assert on_torch.returncode == 0, on_torch.stderr
+    assert json.loads(on_torch.stdout)["token_ids"] == want
     # chat: the template-less tiny tokenizer has no chat template, so give it one that keeps the content as is
     llm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     got = llm.chat([{"role": "user", "content": "w7 w8"}], GREEDY, images=[png(31)])[0]

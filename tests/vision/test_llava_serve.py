@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 import transformers
-from cli_process import trtbuild
+from cli_process import assert_user_error, trtbuild
 from PIL import Image
 from runner_engines import TINY_CHAT_TEMPLATE, build_engine
 from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
@@ -96,6 +96,43 @@ def test_bad_images_are_400s_naming_the_problem(llava):
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
         assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
     assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+
+
+def solid_png(width: int, height: int) -> bytes:
+    """A one-colour PNG: many pixels in few bytes."""
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 90)).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_image_limit_flags_refuse_with_a_400_naming_the_limit_and_the_flag(llava):
+    """serve --limit-mm-per-prompt (vLLM's JSON), --max-image-bytes, --max-image-pixels: a request over one is a 400
+    that names it and its flag; one within them is answered; a bad flag value is one line, exit 2."""
+    engine = llava[1].engine.path
+    small, many_pixels, many_bytes = solid_png(40, 40), solid_png(50, 50), png(5)  # 1600 px; 2500 px; 1920 px
+    assert len(small) < 3000 and len(many_pixels) < 3000 < len(many_bytes)
+
+    def chat(server, *images: bytes) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+            "model": "engine", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "w7"},
+                *({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images)]}]})
+
+    with live_server(engine, "--limit-mm-per-prompt", '{"image": 1}', "--max-image-bytes", "3000",
+                     "--max-image-pixels", "2000") as server:
+        cases = [((small, small), "2 images in one request; at most 1 are taken (--limit-mm-per-prompt)"),
+                 ((many_bytes,), "above the limit of 3000 bytes (--max-image-bytes)"),
+                 ((many_pixels,), "50x50 pixels; at most 2000 pixels are taken (--max-image-pixels)")]
+        for images, message in cases:
+            reply = chat(server, *images)
+            assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
+        assert chat(server, small).status_code == 200
+        reply = httpx.post(f"{server.url}/generate", timeout=60, json={  # TGI's shape of the same refusal
+            "inputs": f"![]({data_url(small)}) ![]({data_url(small)}) w7", "parameters": {"max_new_tokens": 2}})
+        assert reply.status_code == 422 and "(--limit-mm-per-prompt)" in reply.json()["error"], reply.text
+    assert_user_error(trtbuild("serve", engine, "--limit-mm-per-prompt", '{"image": "two"}'),
+                      "--limit-mm-per-prompt", "whole number")
+    assert_user_error(trtbuild("serve", engine, "--limit-mm-per-prompt", "image=2"), '{"image": 4}')
 
 
 def test_a_text_only_server_refuses_image_parts(tiny_serve_engine):

@@ -11,6 +11,8 @@ the last positions of the context_lens[i] that sequence holds once they are writ
                           and within sliding_window of it when given (transformers' rule: q - k < window);
                           gather + torch SDPA per sequence: correct for any shape, on any device, and slow.
                           It is the oracle of the Triton kernel (paged_attention_triton.py) and the CPU path.
+                          With image_ids (Gemma 3's prefill of an image) the tokens of one image also see each
+                          other ahead of themselves; the runtime sends such a step here, not to the kernel.
 
 Queries, keys and values are [tokens, heads, head_dim]; any query/KV head ratio (SmolLM2 is 9:3). Scores are
 computed in float32 whatever the pool's dtype; soft-capping (gemma2: cap * tanh(s / cap)) comes before the mask.
@@ -39,10 +41,13 @@ def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k:
 
 def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                         context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float,
-                        softcap: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+                        softcap: float | None = None, sliding_window: int | None = None,
+                        image_ids: torch.Tensor | None = None) -> torch.Tensor:
     """[tokens, heads, head_dim] in q's dtype: attention of each sequence's queries over its cached positions.
 
-    block_tables [seqs, max_blocks] int32/64, context_lens [seqs], query_start [seqs + 1] (host or device)."""
+    block_tables [seqs, max_blocks] int32/64, context_lens [seqs], query_start [seqs + 1] (host or device).
+    image_ids [tokens] int64: 1, 2.. for each image's run of tokens in this step, 0 for text; a query also sees the
+    keys of its own image's run (network/masks.py image_block_visible: OR(causal, same image), then the window)."""
     heads, kv_heads, block_size = q.shape[1], k_pool.shape[2], k_pool.shape[1]
     out = torch.empty_like(q)
     starts, lens = query_start.tolist(), context_lens.tolist()
@@ -56,6 +61,10 @@ def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
         q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]  # [q_len, 1]
         k_pos = torch.arange(ctx, device=q.device)[None, :]  # [1, ctx]
         visible = k_pos <= q_pos
+        if image_ids is not None:  # only this step's tokens are numbered: an image is prefilled in one call
+            q_id = image_ids[lo:hi].to(q.device)
+            k_id = torch.cat([torch.zeros(ctx - (hi - lo), dtype=q_id.dtype, device=q.device), q_id])
+            visible |= (q_id[:, None] == k_id[None, :]) & (q_id[:, None] > 0)
         if sliding_window:
             visible &= q_pos - k_pos < sliding_window
         qi = q[lo:hi].transpose(0, 1).float()  # [heads, q_len, head_dim]

@@ -18,6 +18,10 @@ Tensor parallel (tp > 1, tensor_parallel.py): rank r's decoder is the model of m
 heads, KV heads, MLP and expert slices, vocab rows) over rank{r}.safetensors; the embedding, every o_proj and
 MLP output, and the logits pass through the tp group's collectives, so every rank ends a step with the whole
 model's logits.
+
+Vision-language (a checkpoint with a vision tower): a prefill may carry an ImageSplice, the image features that
+replace the image tokens' embeddings (the features come from vision.onnx on onnxruntime, runner/vision/); the
+decoder itself is the text model's.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ class AttentionFn(Protocol):
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float,
-                 softcap: float | None = None, sliding_window: int | None = None) -> torch.Tensor: ...
+                 softcap: float | None = None, sliding_window: int | None = None,
+                 image_ids: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,17 @@ class PagedKV:
     context_lens: torch.Tensor  # [S] int64: positions each sequence holds once this step's tokens are written
     query_start: torch.Tensor  # [S + 1] int64: sequence i's tokens are query_start[i]:query_start[i + 1]
     slots: torch.Tensor  # [T] int64: the flat pool slot of each new token (attention.slot_mapping)
+
+
+@dataclass(frozen=True)
+class ImageSplice:
+    """A vision-language prefill's image features on the decoder's device (ModelInput.images, runtime.py)."""
+
+    token_index: torch.Tensor  # [k] int64: the flat tokens whose embedding a feature replaces
+    embeds: torch.Tensor  # [k, hidden] float32, as vision.onnx gives them
+    # [T] int64: 1, 2.. per run of image tokens, 0 for text: set where an image's tokens attend to each other both
+    # ways (Gemma 3), None where they attend causally (llava)
+    image_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -164,12 +180,17 @@ class TorchDecoder:
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV,
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """token_ids, positions [T] int64 -> logits [N, vocab] float32 of the tokens at logits_indices [N]."""
+                logits_indices: torch.Tensor, images: ImageSplice | None = None) -> torch.Tensor:
+        """token_ids, positions [T] int64 -> logits [N, vocab] float32 of the tokens at logits_indices [N]. IMAGES: a
+        vision-language prefill's features, spliced over their tokens' embeddings."""
         # [T, hidden]; vocab-parallel under tp: this rank's rows, the others' zeros, all-reduced
         h = self.tp.embed(token_ids, self.embed) if self.tp else F.embedding(token_ids, self.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        if images is not None:  # after the scale, unscaled: gemma3's scale is inside its embedding module, and
+            # transformers' masked_scatter puts the features (cast to the embeddings' dtype) over its output, as the
+            # graph's splice does (network/decoder.py _splice_images); before gpt2-style learned positions
+            h = h.index_copy(0, images.token_index, images.embeds.to(h.dtype))
         if self.pos_embed is not None:  # gpt2: token + position embeddings
             h = h + F.embedding(positions, self.pos_embed)
         seq_lens = None
@@ -180,13 +201,14 @@ class TorchDecoder:
             seq_of_token = seq_of_token.clamp_(max=kv.context_lens.shape[0] - 1)
             seq_lens = kv.context_lens.to(token_ids.device)[seq_of_token]
         by_table = {id(t): t.cos_sin(positions, seq_lens) for t in self.rotary.values()}  # once per distinct table
+        image_ids = images.image_ids if images is not None else None
         attn = self.cfg.block.attention
         for i, layer in enumerate(self.layers):
             layer_type = attn.layer_types[i]
             table = self.rotary.get(layer_type)
             window = attn.sliding_window if layer_type == "sliding_attention" else None
             h = self._decoder_layer(h, layer, table, by_table[id(table)] if table else None, window,
-                                    kv.k_pools[i], kv.v_pools[i], kv)
+                                    kv.k_pools[i], kv.v_pools[i], kv, image_ids)
         h = norm(h[logits_indices], self.final_norm, self.cfg.block.norm)  # [N, hidden]
         logits = F.linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
         if self.tp:
@@ -200,11 +222,12 @@ class TorchDecoder:
 
     def _decoder_layer(self, x: torch.Tensor, w: LayerWeights, table: RotaryTable | None,
                        cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,
-                       v_pool: torch.Tensor, kv: PagedKV) -> torch.Tensor:
+                       v_pool: torch.Tensor, kv: PagedKV, image_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Pre-norm residual block (ResidualSpec), x [T, hidden]: sequential, or parallel (gpt-neox), where both
         branches read the same x and are added as transformers adds them."""
         spec = self.cfg.block
-        h = self._attention(norm(x, w.attn_norm, spec.norm), w.attn, table, cos_sin, window, k_pool, v_pool, kv)
+        h = self._attention(norm(x, w.attn_norm, spec.norm), w.attn, table, cos_sin, window, k_pool, v_pool, kv,
+                            image_ids)
         if self.tp:  # o_proj's partial sums (row-parallel; the mapping refuses an o bias)
             h = self.tp.all_reduce(h)
         if w.post_attn_norm is not None:
@@ -224,8 +247,9 @@ class TorchDecoder:
 
     def _attention(self, x: torch.Tensor, w: AttentionWeights, table: RotaryTable | None,
                    cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,
-                   v_pool: torch.Tensor, kv: PagedKV) -> torch.Tensor:
-        """x [T, hidden] (normalized) -> [T, hidden]: qkv, q/k norms, rotary, write the pool, attend, o."""
+                   v_pool: torch.Tensor, kv: PagedKV, image_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, hidden] (normalized) -> [T, hidden]: qkv, q/k norms, rotary, write the pool, attend, o. IMAGE_IDS:
+        ImageSplice.image_ids, a bidirectional image's prefill (the attention function's mask beyond causality)."""
         cfg, spec = self.cfg, self.cfg.block.attention
         q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [T, heads, head_dim]
@@ -236,13 +260,14 @@ class TorchDecoder:
         if table is not None and cos_sin is not None:
             q, k = apply_rotary(q, *cos_sin, table), apply_rotary(k, *cos_sin, table)
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
-        if self.kv_attention is not None:  # write + attend as one opaque op (compiled_forward.py)
+        if self.kv_attention is not None and image_ids is None:  # write + attend as one op (compiled_forward.py)
             out = self.kv_attention(q, k, v, k_pool, v_pool, kv.slots, kv.block_tables, kv.context_lens,
                                     kv.query_start, scale, spec.logit_softcap, window)
         else:
             write_kv(k_pool, v_pool, kv.slots, k, v)
             out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
-                                 softcap=spec.logit_softcap, sliding_window=window)  # [T, heads, head_dim]
+                                 softcap=spec.logit_softcap, sliding_window=window,
+                                 image_ids=image_ids)  # [T, heads, head_dim]
         return F.linear(out.flatten(-2), w.o, w.o_bias)
 
     # -- loading: every tensor to the device, in the model dtype --

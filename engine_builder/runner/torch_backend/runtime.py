@@ -8,6 +8,10 @@
                      [num_blocks, block_size, kv_heads, head_dim] device tensors per layer, and the manager's
                      block copies run here (copy_blocks)
     decode steps     on CUDA, replayed from CUDA graphs captured per batch-size bucket (cuda_graphs.py)
+    images           a vision-language engine's prefill: ModelInput.images' features replace those tokens'
+                     embeddings (model.py ImageSplice); where an image's tokens attend both ways (Gemma 3) that
+                     step's attention is paged_attention_ref with the image mask, on CUDA too (the Triton kernel
+                     is causal only; an image prefill is a call of its own, so decode keeps the kernel)
     tensor parallel  one TorchRuntime per rank, each over its shard with its own pools (its KV heads only), the
                      decoder's collectives between them (tensor_parallel.py); rank 0's drives the others through
                      runner/parallel/ (torch_ranks.py), which splits a step here: prepare the KV bookkeeping, then
@@ -25,13 +29,13 @@ import torch
 
 from engine_builder.formats.graph_io import PagedKVLayout
 from engine_builder.runner.backend import Backend
-from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.core.model_input import ImageEmbeds, ModelInput
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
-from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.runner.torch_backend.model import ImageSplice, PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
@@ -85,6 +89,10 @@ class TorchRuntime(Backend):
         self.max_input_len = lim.max_input_len
         self.logits_tail = lim.max_input_len  # every position's logits can come back (verify, prompt scoring)
         self.reprefill_after = self.model.reprefill_after
+        vision = engine.model.vision
+        # under tp the followers get token ids only (runner/parallel/torch_ranks.py), not image features
+        self.takes_images = vision is not None and self.model.tp is None
+        self._images_both_ways = vision is not None and vision.image_attention == "bidirectional"
         # every step through torch.compile (compiled_forward.py) with TRTBUILD_TORCH_COMPILE=on; off by default: on the
         # H200 the first compile of SmolLM2's 30 layers with a dynamic token dim took over 100 s, not yet measured
         # through (benchmarks/results/gpu-*-2026-12-02T0143*)
@@ -155,6 +163,8 @@ class TorchRuntime(Backend):
 
     def forward(self, batch: ModelInput) -> torch.Tensor:
         started = time.perf_counter()
+        if batch.images is not None and not self.takes_images:  # before any rank is told to step
+            self.bind_images(batch.images.token_index, batch.images.embeds)  # Backend's one-line refusal
         self.kv.prepare_writes(batch.slots, batch.query_lens)
         logits = self._step(batch)
         self.execute_seconds += time.perf_counter() - started
@@ -162,7 +172,7 @@ class TorchRuntime(Backend):
 
     def _step(self, batch: ModelInput) -> torch.Tensor:
         """The model over BATCH, its blocks in place (prepare_writes done): a decode graph's replay, or eager."""
-        if self._graphs is not None and self._graphs.takes(batch):
+        if self._graphs is not None and batch.images is None and self._graphs.takes(batch):
             return self._graphs.run(batch)
         return self._eager(batch)
 
@@ -178,25 +188,38 @@ class TorchRuntime(Backend):
             return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
 
         tables = self.block_tables(batch.slots, batch.context_lens)
+        images = None
+        if batch.images is not None:
+            ids = _image_runs(batch.images, batch.num_tokens) if self._images_both_ways else None
+            images = ImageSplice(put(batch.images.token_index), put(batch.images.embeds),
+                                 put(ids) if ids is not None else None)
         return self.run_model(put(batch.token_ids), put(batch.positions), put(tables), put(batch.context_lens),
                               put(batch.query_start), put(np.repeat(np.arange(batch.num_seqs), batch.query_lens)),
-                              put(batch.logits_indices), max_query_len=int(batch.query_lens.max()))
+                              put(batch.logits_indices), max_query_len=int(batch.query_lens.max()), images=images)
 
     def run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
                   context_lens: torch.Tensor, query_start: torch.Tensor, seq_of_token: torch.Tensor,
-                  logits_indices: torch.Tensor, *, max_query_len: int) -> torch.Tensor:
+                  logits_indices: torch.Tensor, *, max_query_len: int,
+                  images: ImageSplice | None = None) -> torch.Tensor:
         """The model over device tensors (ModelInput's fields; block_tables [seqs, width] int32): logits
         [num_logits, vocab] float32, through the compiled model where there is one (compiled_forward.py). No host
-        synchronization on CUDA: a CUDA graph captures it (cuda_graphs.py)."""
+        synchronization on CUDA: a CUDA graph captures it (cuda_graphs.py). IMAGES: a vision-language prefill's
+        features, always through the eager model (the compiled one has no image input)."""
         slots = slot_mapping(block_tables, positions, seq_of_token, self.layout.block_size)
         kv = PagedKV(self.keys, self.values, block_tables, context_lens, query_start, slots)
         self._max_query_len = max_query_len  # the kernel's grid: a host int, never read off the device
+        if images is not None:
+            return self.model(token_ids, positions, kv, logits_indices, images)
         model = self.compiled if self.compiled is not None else self.model
         return model(token_ids, positions, kv, logits_indices)
 
     def _kernel(self, q, k_pool, v_pool, block_tables, context_lens, query_start, *, scale, softcap=None,
-                sliding_window=None):
-        """The Triton paged-attention kernel with paged_attention_ref's signature (the model's attention)."""
+                sliding_window=None, image_ids=None):
+        """The Triton paged-attention kernel with paged_attention_ref's signature (the model's attention); a step with
+        an image attending both ways goes to the reference, the kernel's masks being causal (and windowed) only."""
+        if image_ids is not None:
+            return paged_attention_ref(q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
+                                       softcap=softcap, sliding_window=sliding_window, image_ids=image_ids)
         return self._triton(q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale, softcap=softcap,
                             sliding_window=sliding_window, max_query_len=self._max_query_len)
 
@@ -214,3 +237,12 @@ class TorchRuntime(Backend):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+
+def _image_runs(images: ImageEmbeds, num_tokens: int) -> np.ndarray:
+    """[num_tokens] int64: 1, 2.. for each run of consecutive image tokens of the step, 0 for text; the numbering of
+    network/masks.py image_block_visible (and transformers' token_type_ids blocks). A run never crosses sequences
+    in effect: attention is per sequence."""
+    mask = np.zeros(num_tokens, bool)
+    mask[images.token_index] = True
+    starts = mask & ~np.r_[False, mask[:-1]]
+    return np.where(mask, np.cumsum(starts), 0).astype(np.int64)

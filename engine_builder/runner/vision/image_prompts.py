@@ -26,7 +26,8 @@ import numpy as np
 from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.vision.image_processor import preprocess
-from engine_builder.runner.vision.images import ImageLimits, ImageSource, load_image
+from engine_builder.runner.vision.image_limits import IMAGES_FLAG, ImageLimits
+from engine_builder.runner.vision.images import ImageSource, load_image
 from engine_builder.runner.vision.vision_session import VisionSession
 from engine_builder.util.errors import InputError, UnsupportedError
 
@@ -50,7 +51,8 @@ class ImagePrompts:
     def prepare(self, prompt_ids: Sequence[int], images: Sequence[ImageSource]) -> ImagePrompt:
         spec, token = self.spec, self.spec.image_token_id
         if len(images) > self.limits.max_images:
-            raise InputError(f"{len(images)} images in one request; at most {self.limits.max_images} are taken")
+            raise InputError(f"{len(images)} images in one request; at most {self.limits.max_images} are taken "
+                             f"({IMAGES_FLAG})")
         ids = self._expand(list(prompt_ids), len(images))
         pixels = [preprocess(load_image(image, self.limits), spec.processor) for image in images]
         digests = [hashlib.sha256(p.tobytes()).digest() for p in pixels]
@@ -146,11 +148,12 @@ def with_image_tokens(messages: Sequence[Mapping[str, Any]], images: int, token_
     raise InputError("images need a user message with text content to go with; add one")
 
 
-def image_prompts_for(engine: EngineDir, tokenizer: Any, threads: int | None = None) -> ImagePrompts:
+def image_prompts_for(engine: EngineDir, tokenizer: Any, threads: int | None = None,
+                      limits: ImageLimits = ImageLimits()) -> ImagePrompts:
     """The pipeline of an engine with its tokenizer's BOS and the text Gemma 3 puts around an image."""
     spec = engine.model.vision
     around = tokenizer("\n\n", add_special_tokens=False).input_ids if spec and spec.image_start_token_id else ()
-    return ImagePrompts(engine, threads=threads, bos_token_id=tokenizer.bos_token_id, around=around)
+    return ImagePrompts(engine, limits, threads=threads, bos_token_id=tokenizer.bos_token_id, around=around)
 
 
 def placeholder_text(engine: EngineDir, tokenizer: Any) -> str | None:

@@ -12,22 +12,17 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from engine_builder.runner.vision.image_limits import BYTES_FLAG, PIXELS_FLAG, ImageLimits
 from engine_builder.util.errors import InputError
 
+__all__ = ["ImageLimits", "ImageSource", "load_image"]
+
 ImageSource = Any  # bytes | str (a path or a data: URL) | Path | PIL.Image.Image
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    max_bytes: int = 20 << 20  # an encoded image (a data URL's decoded bytes, a file)
-    max_pixels: int = 6000 * 6000  # width x height, checked from the header before decoding
-    max_images: int = 8  # per request
 
 
 def load_image(source: ImageSource, limits: ImageLimits) -> Image.Image:
@@ -40,7 +35,7 @@ def load_image(source: ImageSource, limits: ImageLimits) -> Image.Image:
         image = Image.open(io.BytesIO(data))  # reads the header only
     except Image.DecompressionBombError:  # Pillow's own bound, past twice its MAX_IMAGE_PIXELS
         raise InputError(f"{what} has more than {Image.MAX_IMAGE_PIXELS} pixels; at most {limits.max_pixels} "
-                         "pixels are taken (downscale it)") from None
+                         f"pixels are taken ({PIXELS_FLAG}); downscale it") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InputError(f"{what} is not an image Pillow can read ({exc}); give a PNG, JPEG, WebP or GIF") from None
     _check_pixels(image.size, limits, what)
@@ -64,13 +59,14 @@ def _read(source: ImageSource, limits: ImageLimits) -> tuple[bytes, str]:
         if not path.is_file():
             raise InputError(f"image {path} is not a file; give the path of a PNG, JPEG, WebP or GIF")
         if path.stat().st_size > limits.max_bytes:
-            raise InputError(f"image {path} has {path.stat().st_size} bytes, above the limit of {limits.max_bytes}; "
-                             "downscale it")
+            raise InputError(f"image {path} has {path.stat().st_size} bytes, above the limit of {limits.max_bytes} "
+                             f"bytes ({BYTES_FLAG}); downscale it")
         data, what = path.read_bytes(), f"image {path}"
     else:
         raise InputError(f"an image must be bytes, a path, a data: URL or a PIL image, got {type(source).__name__}")
     if len(data) > limits.max_bytes:
-        raise InputError(f"{what} has {len(data)} bytes, above the limit of {limits.max_bytes}; downscale it")
+        raise InputError(f"{what} has {len(data)} bytes, above the limit of {limits.max_bytes} bytes "
+                         f"({BYTES_FLAG}); downscale it")
     return data, what
 
 
@@ -79,7 +75,8 @@ def _data_url(url: str, limits: ImageLimits) -> bytes:
     if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
         raise InputError("an image data URL must look like data:image/png;base64,<base64 bytes>")
     if len(payload) > limits.max_bytes * 4 // 3 + 4:
-        raise InputError(f"the data: URL's image is above the limit of {limits.max_bytes} bytes; downscale it")
+        raise InputError(f"the data: URL's image is above the limit of {limits.max_bytes} bytes ({BYTES_FLAG}); "
+                         "downscale it")
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
@@ -90,7 +87,7 @@ def _check_pixels(size: tuple[int, int], limits: ImageLimits, what: str) -> None
     width, height = size
     if width < 1 or height < 1 or width * height > limits.max_pixels:
         raise InputError(f"{what} is {width}x{height} pixels; at most {limits.max_pixels} pixels are taken "
-                         "(downscale it)")
+                         f"({PIXELS_FLAG}); downscale it")
 
 
 def _rgb(image: Image.Image, what: str) -> Image.Image:
