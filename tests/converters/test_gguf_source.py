@@ -21,7 +21,7 @@ from gguf.quants import dequantize, quantize
 from tiny_gguf import GGUF_NAME, HEAD_DIM, hf_weights, llama_cpp_permute, n_head_if_permuted, write_tiny_llama
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from converters.sources.gguf import GGUFSource
+from converters.sources.gguf import GGUFSource, _open_reader, _parsed_once
 from engine_builder.util.errors import InputError, TrtbuildError, UnsupportedError
 
 # ---------------------------------------------------------------- the real model
@@ -62,6 +62,47 @@ def test_smollm2_hf_config(smollm2_source):
     json.dumps(cfg)  # config.json-ready: plain JSON values only
     assert smollm2_source.files() == [smollm2_source.path]
     assert smollm2_source.kind == "gguf"
+
+
+def test_our_reader_parses_what_gguf_s_own_reader_does(smollm2_gguf):
+    """The reader slicing a plain view of the memmap (`trtbuild plan`'s speed) sees the same file."""
+    ours, stock = _open_reader(smollm2_gguf), gguf.GGUFReader(smollm2_gguf)
+    assert isinstance(ours, gguf.GGUFReader) and isinstance(ours.data, np.memmap)
+    assert list(ours.fields) == list(stock.fields)
+    for key, field in stock.fields.items():
+        mine = ours.fields[key]
+        assert (mine.offset, mine.types, mine.data, len(mine.parts)) == (
+            field.offset, field.types, field.data, len(field.parts)), key
+        for a, b in zip(mine.parts, field.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b), key
+    assert ours.data_offset == stock.data_offset and len(ours.tensors) == len(stock.tensors)
+    for a, b in zip(ours.tensors, stock.tensors):
+        assert (a.name, a.tensor_type, a.data_offset, a.n_bytes) == (b.name, b.tensor_type, b.data_offset, b.n_bytes)
+        assert np.array_equal(a.shape, b.shape) and np.array_equal(a.data, b.data), a.name
+
+
+def test_the_file_is_parsed_once_and_configured_as_transformers_does(tmp_path, monkeypatch):
+    """transformers' config reader is handed our parse instead of opening the file again (it re-parsed every
+    vocab entry and merge: 3.5 s of `trtbuild plan` on SmolLM2); the config is the one it derives on its own."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    stored = {GGUF_NAME[hf]: (w, Q.F32) for hf, w in hf_weights(np.random.default_rng(0), False).items()}
+    path = write_tiny_llama(tmp_path / "tiny.gguf", stored, tokenizer=True)
+    reference = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    other = write_tiny_llama(tmp_path / "other.gguf", stored)
+    parses = []
+    stock_init = gguf.GGUFReader.__init__
+
+    def counting_init(self, path, *args, **kwargs):
+        parses.append(Path(path).name)
+        stock_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counting_init)
+    source = GGUFSource(path)
+    assert parses == ["tiny.gguf"] and source._raw_config == reference
+    assert gguf.GGUFReader.__name__ == "GGUFReader"  # given back once the config is read
+    with _parsed_once(path, "our parse"):  # only that file's: another path still gets a reader of its own
+        assert gguf.GGUFReader(path) == "our parse" and isinstance(gguf.GGUFReader(other), gguf.gguf_reader.GGUFReader)
 
 
 SAMPLES = [
