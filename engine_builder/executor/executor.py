@@ -39,9 +39,9 @@ from engine_builder.executor.request import RequestHandle, TokenEvent
 from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.request_state import Event, RequestState
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.runner.scheduling.engine_step import run_engine_step
+from engine_builder.runner.scheduling.engine_step import next_plan, run_engine_step, scheduler_for
 from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
-from engine_builder.runner.scheduling.scheduler import Scheduler, SchedulerConfig
+from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.util.errors import CapacityError, InputError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Executor:
         self.llm = llm
         self.config = config
         self._generator = llm.generator
-        self._scheduler = Scheduler(config, self._generator)
+        self._scheduler = scheduler_for(config, self._generator)
         self._prefills = PrefillGroups(config.batch_prefill)  # which prefills share an engine call
         self._generator.claim("an Executor serves it", "submit requests to the Executor, or shut it down first")
         self._lock = threading.Condition()
@@ -179,7 +179,7 @@ class Executor:
             for r in cancelled:
                 if r.slot is not None:
                     gen.release(r)
-            plan = sched.schedule()
+            plan = next_plan(sched, gen)
             if not (sched.waiting or sched.running or cancelled) and not self._accepting:
                 return False
         for r in cancelled:
@@ -187,7 +187,7 @@ class Executor:
         if not sched.running:
             return True
 
-        events, failures = run_engine_step(sched, plan, self._prefills)  # prefill chunks, then one decode
+        events, failures = run_engine_step(sched, gen, plan, self._prefills)  # prefill chunks, then one decode
 
         with self._lock:  # retire before emitting: a client that sees its final event sees its slot free
             finished = sched.retire_finished()

@@ -130,14 +130,14 @@ class Backend(ABC):
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
         """KV positions [0, length) of slots src[i] -> slots dst[i], every layer (src may repeat)."""
 
-    def _zero_rows(self, slot: int, length: int) -> None:  # noqa: B027  (a no-op unless the cache is on a device)
+    def zero_rows(self, slot: int, length: int) -> None:  # noqa: B027  (a no-op unless the cache is on a device)
         """Zero positions [0, length) of a slot in buffers the KVCacheManager does not own."""
 
     def release(self, slot: int) -> None:
         """Free a slot; its buffers go back to zeros, as the graph contract asks."""
         used = self.kv.length(slot)
         self.kv.free(slot)
-        self._zero_rows(slot, used)
+        self.zero_rows(slot, used)
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Make each dst slot a copy of src slot (cache and length): beam fan-out and reordering."""

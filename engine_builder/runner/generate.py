@@ -222,24 +222,19 @@ class Generator:
     def admit(self, r: RequestState, initial_tokens: int | None = None) -> None:
         """Reserve r's KV slot for prompt + max_new_tokens (the lowest free slot); a paged cache takes blocks
         for all of them, or for initial_tokens only (the executor grows the rest as decoding proceeds). A beam
-        search takes a slot per beam, each whole (forking a beam re-reserves its fork's whole length), and
-        starts its search afresh (a preempted one is recomputed from its prompt)."""
-        kv, beams = self.backend.kv, r.params.num_beams
-        if beams == 1:
-            r.slot = kv.allocate(r.index, len(r.prompt_ids), r.params.max_new_tokens, initial_tokens)
-            return
-        slots: list[int] = []
-        try:
-            for b in range(beams):
-                slots.append(kv.allocate(r.index if b == 0 else (r.index, "beam", b), len(r.prompt_ids),
-                                         r.params.max_new_tokens))
-        except BaseException:
-            for s in slots:
-                self.backend.release(s)
-            raise
-        r.slot, r.beam_slots = slots[0], tuple(slots)
-        r.beams = BeamSearch(r.params, self.eos_token_ids, self.backend.vocab_size)
-        r.token_ids = []
+        search takes a slot per beam, each whole, and starts its search afresh. (The scheduler allocates through
+        the KV interface itself and hands the admitted to `admitted`; this is the same for a caller without one.)"""
+        r.take_slots(self.backend.kv.allocate_sequences(r.index, len(r.prompt_ids), r.params.max_new_tokens,
+                                                        r.params.num_beams, initial_tokens))
+        self.admitted([r])
+
+    def admitted(self, requests: Sequence[RequestState]) -> None:
+        """Requests that just took their slots: a beam search starts afresh (a preempted one is recomputed from
+        its prompt)."""
+        for r in requests:
+            if r.params.num_beams > 1:
+                r.beams = BeamSearch(r.params, self.eos_token_ids, self.backend.vocab_size)
+                r.token_ids = []
 
     def prefill_remaining(self, r: RequestState) -> int:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
@@ -394,12 +389,17 @@ class Generator:
 
     def release(self, r: RequestState) -> None:
         """Give r's slots back (finished, cancelled or failed): their cache rows return to zeros."""
-        self.decoding.release(r)
-        for slot in r.slots:
+        self.clear_slots([r], r.give_back(self.backend.kv))
+
+    def clear_slots(self, requests: Sequence[RequestState], freed: Sequence[tuple[int, int]]) -> None:
+        """These requests' slots were freed in the KV manager (freed: slot, positions written; by release, or by
+        the scheduler preempting them): drop what the decode policy keeps for them, and clear what lies beside the
+        KV manager (the slots' next tokens; a device cache's rows)."""
+        for r in requests:
+            self.decoding.release(r)
+        for slot, used in freed:
             self.next_ids[slot, 0] = 0  # an idle row feeds token 0 at length 0
-            self.backend.release(slot)
-        r.slot, r.beam_slots = None, ()
-        r.prefix_looked_up = False  # a later slot (a preempted request's) is empty again
+            self.backend.zero_rows(slot, used)
 
 
 def _finish_beams(r: RequestState) -> list[Event]:

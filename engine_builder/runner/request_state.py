@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from engine_builder.runner.backend import Backend
 from engine_builder.runner.beam_search import BeamSearch
 from engine_builder.runner.core.image_prompt import ImagePrompt
+from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.sampler import SamplingState, TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.stopping import FinishReason, StopChecker
@@ -76,6 +77,21 @@ class RequestState:
     def slots(self) -> tuple[int, ...]:
         """The KV slots this request holds: one per beam, or its one slot (none when it holds none)."""
         return self.beam_slots or (() if self.slot is None else (self.slot,))
+
+    def take_slots(self, slots: tuple[int, ...]) -> None:
+        """Hold these KV slots (KVCache.allocate_sequences): one, or a beam search's one per beam."""
+        self.slot, self.beam_slots = slots[0], (slots if len(slots) > 1 else ())
+
+    def give_back(self, kv: KVCache) -> tuple[tuple[int, int], ...]:
+        """Free the KV slots this request holds (bookkeeping and the KV manager's own storage); returns each freed
+        slot with the positions it had written, for whoever clears state kept beside the KV manager
+        (Generator.clear_slots)."""
+        freed = tuple((s, kv.length(s)) for s in self.slots)
+        for s, _ in freed:
+            kv.free(s)
+        self.slot, self.beam_slots = None, ()
+        self.prefix_looked_up = False  # a later slot (a preempted request's) is empty again
+        return freed
 
 
 class StepClock:

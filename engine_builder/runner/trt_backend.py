@@ -280,7 +280,7 @@ class TrtBackend(Backend):
                 cache[d, :, :length] = cache[s, :, :length]  # gather first: src may overlap dst
         self.stream.synchronize()
 
-    def _zero_rows(self, slot: int, length: int) -> None:
+    def zero_rows(self, slot: int, length: int) -> None:
         with self._torch.cuda.stream(self.stream):
             for cache in self._cache.values():
                 cache[slot, :, :length].zero_()

@@ -169,7 +169,7 @@ class TrtPagedBackend(TrtBackend):
     def _copy_rows(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
         raise NotImplementedError("a paged cache forks blocks (copy_slots); it has no rows to copy")
 
-    def _zero_rows(self, slot: int, length: int) -> None:
+    def zero_rows(self, slot: int, length: int) -> None:
         """Nothing to zero: a freed block keeps finite values, which the mask hides from its next holder."""
 
     def close(self) -> None:

@@ -185,31 +185,30 @@ def test_a_long_request_is_overtaken_at_most_max_overtakes_times(llm):
 def test_the_scheduler_returns_a_plan_and_the_step_carries_it_out(llm, alone):
     """schedule() decides the step (issue 32: the scheduler plans, never runs an engine): who was admitted, which
     context tokens each feeds, who decodes; run_engine_step carries out exactly that."""
-    from engine_builder.runner.scheduling.engine_step import run_engine_step
+    from engine_builder.runner.scheduling.engine_step import next_plan, run_engine_step, scheduler_for
     from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
-    from engine_builder.runner.scheduling.scheduler import Scheduler
 
     gen, prefills = llm.generator, PrefillGroups(False)
-    sched = Scheduler(SchedulerConfig(max_tokens_per_step=16), gen)
+    sched = scheduler_for(SchedulerConfig(max_tokens_per_step=16), gen)
     short, long = gen.new_request(0, _prompt(1, 10), _greedy(6)), gen.new_request(1, _prompt(2, 40), _greedy(6))
     sched.waiting.extend([short, long])
     try:
-        plan = sched.schedule()  # nothing decodes: one engine call's worth of prompt tokens, so both whole
+        plan = next_plan(sched, gen)  # nothing decodes: one engine call's worth of prompt tokens, so both whole
         assert (plan.admitted, plan.preempted) == ((short, long), ())
         assert plan.prefill == ((short, 10), (long, 40)) and plan.decode == (short, long)
         assert short.token_ids == [] and long.token_ids == []  # planned, nothing ran
-        run_engine_step(sched, plan, prefills)
+        run_engine_step(sched, gen, plan, prefills)
         assert len(short.token_ids) == len(long.token_ids) == 2  # the prefill's first token, then one decode
 
         late = gen.new_request(2, _prompt(3, 40), _greedy(6))
         sched.waiting.append(late)
-        plan = sched.schedule()  # two decode, so the late prompt gets the 16-token budget only
+        plan = next_plan(sched, gen)  # two decode, so the late prompt gets the 16-token budget only
         assert plan.admitted == (late,) and plan.prefill == ((late, 16),) and plan.decode == (short, long)
-        run_engine_step(sched, plan, prefills)
+        run_engine_step(sched, gen, plan, prefills)
         assert (len(short.token_ids), len(late.token_ids)) == (3, 0)
         while sched.running:
-            plan = sched.schedule()
-            run_engine_step(sched, plan, prefills)
+            plan = next_plan(sched, gen)
+            run_engine_step(sched, gen, plan, prefills)
             sched.retire_finished()
         for r in (short, long, late):  # chunked or whole, alone or beside others: the same tokens
             assert r.token_ids == list(alone(r.prompt_ids, r.params).token_ids)

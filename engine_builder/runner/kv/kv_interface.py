@@ -126,6 +126,24 @@ class KVCache(ABC):
     def free(self, slot: int) -> None:
         """Give the slot and its storage back."""
 
+    def allocate_sequences(self, request_id: object, prompt_len: int, max_new_tokens: int, count: int,
+                           initial_tokens: int | None = None) -> tuple[int, ...]:
+        """COUNT slots for one request, all or none: its one slot (storage for initial_tokens where the layout
+        grows), or a beam search's slot per beam, each whole (a fork re-reserves its fork's whole length); beam b
+        > 0 is held as (request_id, "beam", b)."""
+        if count == 1:
+            return (self.allocate(request_id, prompt_len, max_new_tokens, initial_tokens),)
+        slots: list[int] = []
+        try:
+            for b in range(count):
+                slots.append(self.allocate(request_id if b == 0 else (request_id, "beam", b), prompt_len,
+                                           max_new_tokens))
+        except BaseException:
+            for s in slots:  # nothing written yet: the storage is as it was
+                self.free(s)
+            raise
+        return tuple(slots)
+
     @abstractmethod
     def advance(self, slot: int, num_tokens: int) -> None:
         """Record that the engine wrote num_tokens more positions into this slot."""

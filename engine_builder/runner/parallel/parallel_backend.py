@@ -107,7 +107,7 @@ class ParallelBackend(Backend):
         self.comm.broadcast_ints(np.array(src + dst), 2 * len(src))
         self.runner.copy_rows(src, dst, length)
 
-    def _zero_rows(self, slot: int, length: int) -> None:
+    def zero_rows(self, slot: int, length: int) -> None:
         self.comm.broadcast_ints(np.array([ZERO, slot, length, 0]), HEADER)
         self.runner.zero_rows(slot, length)
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.sampling_params import SamplingParams
-from engine_builder.runner.scheduling.engine_step import run_engine_step
+from engine_builder.runner.scheduling.engine_step import next_plan, run_engine_step, scheduler_for
 from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
 from engine_builder.runner.scheduling.scheduler import Scheduler, SchedulerConfig
 from engine_builder.util.errors import CapacityError
@@ -40,21 +40,21 @@ class BlockAdmission:
 
     def check(self, generator: Generator, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Refuse, before any work, a request the KV budget could never hold (InputError)."""
-        Scheduler(self.config, generator).check(prompt_ids, params)
+        scheduler_for(self.config, generator).check(prompt_ids, params)
 
     def run(self, generator: Generator, requests: Sequence[RequestState], clock: StepClock) -> Iterator[Event]:
         """Generate for `requests`, yielding each step's events. Slots are the
         caller's to release when this stops early (Generator._loop); the budget is given back here."""
-        sched = self.scheduler = Scheduler(self.config, generator)
+        sched = self.scheduler = scheduler_for(self.config, generator)
         sched.waiting.extend(requests)
         try:
             while sched.waiting or sched.running:
                 started = time.perf_counter()
-                plan = sched.schedule()
+                plan = next_plan(sched, generator)
                 clock.prefill += time.perf_counter() - started  # admission's cached-prefix copies count there
                 if not sched.running:
                     raise CapacityError(_no_room(generator, sched))
-                events, failures = run_engine_step(sched, plan, self.prefills, clock)
+                events, failures = run_engine_step(sched, generator, plan, self.prefills, clock)
                 if failures:
                     raise failures[0][1]
                 sched.retire_finished()

@@ -1,6 +1,8 @@
-"""One scheduled step's engine work: the prefill calls of the plan, then one batched decode.
+"""One scheduled step's engine work: what the plan asks of the loop, the prefill calls, then one batched decode.
 
-    events, failures = run_engine_step(scheduler, scheduler.schedule(), prefills)
+    scheduler = scheduler_for(config, generator)
+    plan = next_plan(scheduler, generator)
+    events, failures = run_engine_step(scheduler, generator, plan, prefills)
 
 The Executor (engine_builder/executor/executor.py) and LLM.generate (block_admission.py) both run this, so
 a request gets the same engine calls, and so the same tokens, whichever of the two drives it. Failures are
@@ -13,21 +15,37 @@ from __future__ import annotations
 import time
 
 from engine_builder.runner.batched_prefill import prefill_together
+from engine_builder.runner.generate import Generator
 from engine_builder.runner.request_state import Event, RequestState, StepClock
 from engine_builder.runner.scheduling.prefill_groups import PrefillGroups
-from engine_builder.runner.scheduling.scheduler import Scheduler
+from engine_builder.runner.scheduling.scheduler import Scheduler, SchedulerConfig
 from engine_builder.runner.scheduling.step_plan import StepPlan
 
 Failure = tuple[RequestState, BaseException]
 
 
-def run_engine_step(sched: Scheduler, plan: StepPlan, prefills: PrefillGroups,
+def scheduler_for(config: SchedulerConfig, gen: Generator) -> Scheduler:
+    """The scheduler of gen's KV cache, with its engine's limits."""
+    return Scheduler(config, gen.backend.kv, max_input_len=gen.backend.max_input_len, step_tokens=gen.step_tokens,
+                     prefix_cache=gen.prefix_cache)
+
+
+def next_plan(sched: Scheduler, gen: Generator) -> StepPlan:
+    """The scheduler's plan for the next step, and at once what it asks of the loop before any engine work: the
+    preempted requests' decode-policy state dropped and their freed slots cleared, the admitted beam searches
+    started."""
+    plan = sched.schedule()
+    gen.clear_slots(plan.preempted, plan.freed)
+    gen.admitted(plan.admitted)
+    return plan
+
+
+def run_engine_step(sched: Scheduler, gen: Generator, plan: StepPlan, prefills: PrefillGroups,
                     clock: StepClock | None = None) -> tuple[list[Event], list[Failure]]:
     """The plan's prefill chunks (short whole prompts share one engine call: prefill_groups.py), then one decode
     over the plan's decoders that are past their prefill and unfinished. Returns the step's events
     and the requests whose engine call (or sampling) raised, with what it raised. clock (LLM.generate's Timings)
     gets the prefill time and the decode step."""
-    gen = sched.generator
     events: list[Event] = []
     failures: list[Failure] = []
     prefill_started = time.perf_counter()

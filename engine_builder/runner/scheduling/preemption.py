@@ -15,22 +15,23 @@ cache already is host memory: recompute costs one chunked prefill and keeps noth
 
 from __future__ import annotations
 
-from engine_builder.runner.generate import Generator
+from engine_builder.runner.kv.kv_interface import KVCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import RequestState
 
 
 class Resumes:
     """The preempted requests and, once readmitted, how much of their context is still to be recomputed."""
 
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
+    def __init__(self, kv: KVCache, prefix_cache: PrefixCache | None) -> None:
+        self.kv, self.prefix_cache = kv, prefix_cache
         self._at: dict[int, int] = {}  # request id -> tokens it had generated when preempted
         self.preemptions = 0
 
-    def preempt(self, r: RequestState) -> None:
-        """Free r's slot (cache rows zeroed); r goes back to the queue with its state, the caller queues it."""
-        if r.slot is not None:
-            self.generator.release(r)
+    def preempt(self, r: RequestState) -> tuple[tuple[int, int], ...]:
+        """Free r's KV slots; r goes back to the queue with its state, the caller queues it. Returns the freed
+        slots (slot, positions written): the step loop clears what it keeps beside the KV manager for them."""
+        freed = r.give_back(self.kv)
         self.preemptions += 1
         if r.beams is not None:  # a search starts again from its prompt when readmitted (it streamed nothing)
             r.beams, r.token_ids = None, []
@@ -38,24 +39,24 @@ class Resumes:
             self._at[r.index] = len(r.token_ids)
         elif r.prompt_logprobs is not None:  # scored mid-prefill: the recompute scores the prompt again
             del r.prompt_logprobs[1:]
+        return freed
 
     def prefill_left(self, r: RequestState) -> int:
         """Context tokens of an admitted request not yet in its slot: the prompt's rest for a new request, prompt
         + generated tokens for a resumed one until its recompute has sampled the next token, else 0."""
         at = self._at.get(r.index)
         if at is None:
-            return self.generator.prefill_remaining(r)
+            return 0 if r.token_ids else len(r.prompt_ids) - self.kv.length(r.slot)
         if len(r.token_ids) > at:  # recomputed: its next token came from the prefill, it decodes from here
             del self._at[r.index]
             return 0
-        return len(r.prompt_ids) + len(r.token_ids) - self.generator.backend.kv.length(r.slot)
+        return len(r.prompt_ids) + len(r.token_ids) - self.kv.length(r.slot)
 
     def load_prompt(self, r: RequestState) -> None:
-        """A resumed request just got a slot: copy the prompt's cached blocks in (a new request's prefill does that
-        itself; a resumed one's prefill starts past the prompt, where Generator.prefill does not look)."""
-        cache = self.generator.prefix_cache
-        if r.index in self._at and cache is not None and self.generator.backend.kv.length(r.slot) == 0:
-            cache.load(r.cache_prompt, r.slot)
+        """A resumed request just got a slot: map or copy the prompt's cached blocks in (a new request's prefill
+        does that itself; a resumed one's prefill starts past the prompt, where Generator.prefill does not look)."""
+        if r.index in self._at and self.prefix_cache is not None and self.kv.length(r.slot) == 0:
+            self.prefix_cache.load(r.cache_prompt, r.slot)
 
     def forget(self, r: RequestState) -> None:
         self._at.pop(r.index, None)

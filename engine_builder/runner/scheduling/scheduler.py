@@ -21,9 +21,10 @@
               request continues next step where it stopped.
     decode    every admitted request past its prefill feeds its last token in one batched call.
 
-Per-slot state lives in the Generator's step functions (engine_builder/runner/generate.py); this
-class only orders the requests. It belongs to the executor thread, except `waiting`, which
-Executor.submit appends to under the executor's lock.
+It plans and keeps the KV cache's books, over the KV interface alone (no backend, no Generator: tests
+run it over a bare KV manager, tests/runner/test_scheduler_alone.py); the step loop carries out the plan
+(engine_step.py). It belongs to the executor thread, except `waiting`, which Executor.submit appends to under
+the executor's lock.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine_builder.runner.generate import Generator
+from engine_builder.runner.kv.kv_interface import KVCache
+from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.admission import Room, plan_admission
@@ -94,15 +96,19 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, generator: Generator) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCache, *, max_input_len: int, step_tokens: int = 1,
+                 prefix_cache: PrefixCache | None = None) -> None:
+        """kv: the KV cache it keeps the books of; max_input_len: the most tokens one engine call takes (a prefill
+        chunk's cap); step_tokens: KV positions one decode step may write per request (speculative: more);
+        prefix_cache: where a readmitted request's cached prompt blocks come from."""
         self.config = config
-        self.generator = generator
-        kv = generator.backend.kv
+        self.kv, self.max_input_len = kv, max_input_len
         self.max_batch = config.batch_for(kv.batch_slots)
         self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
         self.watermark = max(1, int(self.budget.total_blocks * WATERMARK_SHARE))
-        self.lookahead = generator.step_tokens  # positions one decode step may write per request
-        self.resumes = Resumes(generator)
+        self.lookahead = step_tokens  # positions one decode step may write per request
+        self.resumes = Resumes(kv, prefix_cache)
+        self._freed: list[tuple[int, int]] = []  # this step's preemptions' slots, for the plan
         self.step_budget = StepBudget(config.max_tokens_per_step)
         self.waiting: deque[RequestState] = deque()  # submitted or preempted, no slot
         self.running: dict[int, RequestState] = {}  # request id -> state, in admission order
@@ -142,19 +148,20 @@ class Scheduler:
         unless that preempted anyone (those just preempted would be readmitted only to thrash), then size the
         prefill chunks and name the decoders."""
         before = set(self.running)
+        self._freed = []
         preempted = self.grow()
         if not preempted:
             preempted = self.admit()
         prefill = tuple(self.prefill_plan())
         feeds = {r.index: n for r, n in prefill}
         decode = tuple(r for r in self.running.values() if self.resumes.prefill_left(r) <= feeds.get(r.index, 0))
-        return StepPlan(tuple(preempted), tuple(r for i, r in self.running.items() if i not in before), prefill,
-                        decode)
+        return StepPlan(tuple(preempted), tuple(self._freed),
+                        tuple(r for i, r in self.running.items() if i not in before), prefill, decode)
 
     def grow(self) -> list[RequestState]:
         """Blocks for this step's writes to every running request, most urgent first; preempts the least
         urgent while they run out (kv_growth.py). Returns the preempted."""
-        kv = self.generator.backend.kv  # a paged layout's pool counts beside the budget (none: 0 and 0)
+        kv = self.kv  # a paged layout's pool counts beside the budget (none: 0 and 0)
 
         def shortfall(r: RequestState) -> Blocks:
             n = self.required(r)
@@ -175,12 +182,12 @@ class Scheduler:
     def _preempt(self, r: RequestState) -> None:
         del self.running[r.index]
         self.budget.release(r.index)
-        self.resumes.preempt(r)
+        self._freed += self.resumes.preempt(r)
         self.waiting.append(r)
 
     def admit(self) -> list[RequestState]:
         """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""
-        kv = self.generator.backend.kv
+        kv = self.kv
         rows = sum(r.params.num_beams for r in self.running.values())
         room = Room(min(self.max_batch - rows, kv.num_free), self.budget.free)
         plan = plan_admission(self.waiting, list(self.running.values()), room, need=self.need,
@@ -196,7 +203,8 @@ class Scheduler:
             if not kv.admits(n * r.params.num_beams, WATERMARK_SHARE if self.running or admitted else 0.0):
                 break
             try:
-                self.generator.admit(r, n)
+                r.take_slots(kv.allocate_sequences(r.index, len(r.prompt_ids), r.params.max_new_tokens,
+                                                   r.params.num_beams, n))
             except CapacityError:  # the pool is short even for a first request: the rest wait a step
                 break
             admitted.add(r.index)
@@ -216,7 +224,7 @@ class Scheduler:
                    if (left := self.resumes.prefill_left(r))]
         if not pending:
             return []
-        max_chunk = self.generator.backend.max_input_len
+        max_chunk = self.max_input_len
         decoding = any(r.token_ids and not self.resumes.prefill_left(r) for r in self.running.values())
         step = self.step_budget.tokens()
         budget = step if decoding else max(step, max_chunk)
