@@ -36,8 +36,8 @@ PRIOR_WEIGHT = 2.0  # verify steps' worth of alpha in a position's survival rate
 # what a position's failures keep per verify step that did not reach it, beside DECAY. Without it, one rejection
 # at the 5th draft kept the draft length at 4 for the rest of a story: steps of 4 drafts never judge the 5th
 # position again, its judged and failed counts decay alike, and its survival rate stays where that one rejection
-# left it (benchmarks/spec_replay.py: on free text with the int4 draft, whose rejections are few and scattered,
-# the adaptive length then lost to a fixed k of 7-8)
+# left it (benchmarks/results/spec-replay-2026-11-26T1428.txt: on free text with the int4 draft, whose rejections
+# are few and scattered, the adaptive length then lost to a fixed k of 7-8)
 UNSEEN_FAILURES = 0.5
 
 
