@@ -18,9 +18,9 @@ default) a proposal ends at a token whose two best logits lie within stop_margin
 build of the target diverges from it where the target's choice is a near tie that rounding flips. SmolLM2's
 int4 draft over four stories (benchmarks/results/spec-replay-2026-11-26T1428.txt): of 380 first drafts 11 were
 wrong, 10 of those were near ties (margin < 0.2), and so were 33 right ones: a near tie fails 23 % of the time,
-any draft 3 %. Ending the proposal there (the near tie still drafted: its logits are paid for) spares the doomed tail; simulated,
-that gave the adaptive length +3-7 %. The proposer checks that rule as it goes: it keeps decayed counts of how
-often its near-tie drafts survived verification (seen at the next proposal, from the context), and stops at
+any draft 3 %. Ending the proposal there (the near tie still drafted: its logits are paid for) spares the doomed
+tail; simulated, that gave the adaptive length +3-7 %. The proposer checks that rule as it goes: it keeps decayed
+counts of how often its near-tie drafts survived verification (seen at the next proposal, from the context), and stops at
 near ties only while at least NEAR_TIE_FAILS of them fail, so a draft that is the target itself, or one whose
 near ties are right anyway, drafts on.
 Sampled requests draft from the draft's own
