@@ -20,9 +20,9 @@ int4 draft over four stories (benchmarks/results/spec-replay-2026-11-26T1428.txt
 wrong, 10 of those were near ties (margin < 0.2), and so were 33 right ones: a near tie fails 23 % of the time,
 any draft 3 %. Ending the proposal there (the near tie still drafted: its logits are paid for) spares the doomed
 tail; simulated, that gave the adaptive length +3-7 %. The proposer checks that rule as it goes: it keeps decayed
-counts of how often its near-tie drafts survived verification (seen at the next proposal, from the context), and stops at
-near ties only while at least NEAR_TIE_FAILS of them fail, so a draft that is the target itself, or one whose
-near ties are right anyway, drafts on.
+counts of how often its near-tie drafts survived verification (seen at the next proposal, from the context), and
+stops at near ties only while at least NEAR_TIE_FAILS of them fail, so a draft that is the target itself, or one
+whose near ties are right anyway, drafts on.
 Sampled requests draft from the draft's own
 temperature / top-k / top-p / min-p distribution (penalties left out: they only change how often
 drafts survive, never the output distribution) and report it as q for the rejection rule.
