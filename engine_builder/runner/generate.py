@@ -163,6 +163,13 @@ class Generator:
         if image is not None and not self.backend.takes_images:
             raise UnsupportedError(f"the {self.backend.name} backend does not run image inputs on this engine; run "
                                    "a vision-language engine with --backend onnxruntime")
+        scored = min(self.backend.logits_tail, self.backend.max_input_len)  # positions one scoring call returns
+        if image is not None and image.whole and params.prompt_logprobs is not None and image.spans() and (
+                longest := max(b - a for a, b in image.spans())) > scored:
+            raise UnsupportedError(f"prompt_logprobs of an image prompt need its {longest} image positions' logits "
+                                   f"from one engine call (the image attends both ways), and this {self.backend.name} "
+                                   f"engine returns {scored} at most (logits_tail); drop prompt_logprobs, or run it "
+                                   "with --backend torch")
         return RequestState(index, list(prompt_ids), params, state,
                             StopChecker(params, detok, self.eos_token_ids),
                             logprobs=[] if params.logprobs is not None else None,
@@ -290,8 +297,12 @@ class Generator:
         chunk = max(1, min(self.backend.logits_tail, self.backend.max_input_len))
         logits = None
         kv = self.backend.kv
-        for at in range(start, end, chunk):
-            ids = np.asarray(context[at:min(end, at + chunk)], np.int64)[None, :]
+        at = start
+        while at < end:
+            stop = min(end, at + chunk)
+            if r.image is not None:  # an image that attends both ways within one call (new_request checked it fits)
+                stop = r.image.chunk_end(at, stop)
+            ids = np.asarray(context[at:stop], np.int64)[None, :]
             batch = ModelInput.rows(r.slot, ids, kv.lengths[r.slot:r.slot + 1], logits=ids.shape[1],
                                     images=_images(r, at, at + ids.shape[1]))
             tail = self.backend.to_host(self.run_step(batch))  # [seq, vocab]: j predicts the token after ids[j]
@@ -301,6 +312,7 @@ class Generator:
                     r.prompt_logprobs.append(score_prompt(tail[j:j + 1], r.prompt_ids[at + j + 1],
                                                           r.params.prompt_logprobs))
             logits = tail[-1:]  # [1, vocab]
+            at = stop
         return logits
 
     def reprefill(self, active: dict[int, RequestState], events: list[Event]) -> None:

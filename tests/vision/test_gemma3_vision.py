@@ -365,3 +365,37 @@ def test_a_start_of_image_token_is_laid_out_as_gemma3s_processor_does(gemma3, sp
         assert llm.generate(prompt_token_ids=[short], params=params, images=[buffer.getvalue()])[0].token_ids == want
         image = llm._image_prompts.prepare([COMMON["bos_token_id"], 5, 6], [buffer.getvalue()])
         assert image.ids == [COMMON["bos_token_id"], BOI_TOKEN, *[IMAGE_TOKEN] * TOKENS_PER_IMAGE, EOI_TOKEN, 5, 6]
+
+
+def test_prompt_logprobs_score_an_image_prompt_without_splitting_the_image(gemma3, spliced_engine):
+    """prompt_logprobs run in calls of logits_tail (16) tokens; an image crossing position 16 goes whole into the
+    next call (its tokens attend both ways), so every prompt token's logprob is transformers' given token_type_ids."""
+    hf_dir, _ = gemma3
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(11).integers(0, 256, (40, 48, 3), np.uint8)).save(buffer, "PNG")
+    text = np.random.default_rng(12).integers(3, BOI_TOKEN, 18).tolist()
+    prompt = [COMMON["bos_token_id"], *text[:13], BOI_TOKEN, *[IMAGE_TOKEN] * TOKENS_PER_IMAGE, EOI_TOKEN, *text[13:]]
+    assert prompt.index(IMAGE_TOKEN) < 16 < prompt.index(IMAGE_TOKEN) + TOKENS_PER_IMAGE
+    processor = Gemma3ImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if v is not None and k not in (
+        "image_processor_type", "processor_class", "image_seq_length")})
+    pixel_values = processor(Image.open(io.BytesIO(buffer.getvalue())), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        logits = _hf(hf_dir)(input_ids=torch.tensor([prompt]), pixel_values=pixel_values,
+                             token_type_ids=torch.tensor([[int(t == IMAGE_TOKEN) for t in prompt]])).logits[0]
+    want = torch.log_softmax(logits.double(), -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].numpy()
+    with LLM(spliced_engine, backend="onnxruntime", prefix_cache=False) as llm:
+        out = llm.generate(prompt_token_ids=[prompt], images=[buffer.getvalue()],
+                           params=SamplingParams(temperature=0, max_new_tokens=1, prompt_logprobs=0))[0]
+    got = np.array([lp.logprob for lp in out.prompt_logprobs[1:]])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_prompt_logprobs_of_an_image_longer_than_a_scoring_call_are_refused_in_one_line(spliced_engine):
+    from engine_builder.runner.core.image_prompt import ImagePrompt
+
+    ids = [COMMON["bos_token_id"], BOI_TOKEN, *[IMAGE_TOKEN] * 20, EOI_TOKEN, 5]
+    image = ImagePrompt(ids, np.arange(2, 22), np.zeros((20, COMMON["hidden_size"]), np.float32), ids, whole=True)
+    with LLM(spliced_engine, backend="onnxruntime") as llm:
+        with pytest.raises(UnsupportedError, match="20 image positions' logits from one engine call.*returns 16"):
+            llm.generator.new_request(0, ids, SamplingParams(max_new_tokens=1, prompt_logprobs=0), image)
+        llm.generator.new_request(0, ids, SamplingParams(max_new_tokens=1), image)  # without scoring: taken

@@ -23,14 +23,18 @@ class ImagePrompt:
         lo, hi = np.searchsorted(self.positions, [start, end])
         return self.positions[lo:hi] - start, self.embeds[lo:hi]
 
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) of each image's run of positions."""
+        ends = np.flatnonzero(np.diff(self.positions) != 1)  # last index of each run of image positions
+        return [(int(self.positions[first]), int(self.positions[last]) + 1)
+                for first, last in zip(np.r_[0, ends + 1], np.r_[ends, len(self.positions) - 1])]
+
     def chunk_end(self, start: int, end: int) -> int:
         """Where a prefill chunk [start, end) should end: END, or (whole images) off the middle of an image: back to
         its start when the chunk began before it, else on to its end."""
         if not self.whole:
             return end
-        ends = np.flatnonzero(np.diff(self.positions) != 1)  # last index of each run of image positions
-        for first, last in zip(np.r_[0, ends + 1], np.r_[ends, len(self.positions) - 1]):
-            a, b = int(self.positions[first]), int(self.positions[last]) + 1
+        for a, b in self.spans():
             if a < end < b:
                 return a if a > start else b
         return end
