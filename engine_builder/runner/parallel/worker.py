@@ -1,5 +1,10 @@
 """Ranks other than 0: follow the driver's commands (parallel_backend.py) until it says STOP.
 
+This is not a generation loop: the one step loop (schedule -> prepare -> execute -> sample -> update) runs on
+rank 0, and its Backend.forward is a ParallelBackend, which broadcasts each engine step; a follower only runs its
+part of that step (its shard, its KV rows), as vLLM's workers do under the engine core. It schedules nothing,
+samples nothing and never sees a request.
+
 The driver's first command (OPEN) says which runner every rank opens: the onnxruntime segments (rank_runner.py)
 or the torch decoder (torch_ranks.py); each then executes its own commands, the loop here being the same.
 """
