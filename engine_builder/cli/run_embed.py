@@ -14,20 +14,17 @@ from engine_builder.util.errors import InputError
 
 
 def run_embed(engine_dir: Path, texts: list[str], backend: str, verify: bool, as_json: bool) -> None:
-    from engine_builder.runner.llm import LLM
+    from engine_builder.runner.embeddings import Embeddings
 
     if any(not t.strip() for t in texts):
         raise InputError("--embed got an empty text; pass the text to embed, e.g. --embed \"A sentence.\"")
-    llm = LLM(engine_dir, backend=backend, verify=verify)
-    if llm.embedder is None:
-        raise InputError(f"{engine_dir} is a text-generation engine; --embed needs an encoder engine (a BERT / "
-                         "sentence-transformers model): drop --embed and pass --prompt")
-    output = llm.embedder.embed(texts)
+    # a text-generation engine dir is refused before it loads: "embeddings need an encoder engine"
+    with Embeddings(engine_dir, backend=backend, verify=verify) as model:
+        output = model.embedder.embed(texts)  # the vectors and each text's token count
     for vector, tokens in zip(output.embeddings, output.token_counts):
         values = [float(v) for v in vector]
         line = {"embedding": values, "dimensions": len(values), "tokens": tokens} if as_json else values
         sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
-    sys.stderr.write(f"[{llm.backend_name}] {len(texts)} text(s), {output.total_tokens} tokens, "
-                     f"{llm.embedder.dimensions} dimensions\n")
-    llm.close()
+    sys.stderr.write(f"[{model.backend_name}] {len(texts)} text(s), {output.total_tokens} tokens, "
+                     f"{model.dimensions} dimensions\n")

@@ -3,6 +3,9 @@
     embedder = Embedder(EngineDir.load("minilm-engine"), tokenizer)
     vectors = embedder.embed(["A sentence.", "Another one."]).embeddings     # float32 [2, hidden]
 
+The user's entry point over it is runner/embeddings.py's Embeddings (engine dir, tokenizer, file checks);
+this is the core it and the server's EmbeddingBatcher drive (token ids in, vectors and token counts out).
+
 Texts are tokenized with the engine's tokenizer (special tokens added, truncated to the longest input
 the engine takes: its max_input_len, sentence-transformers' max_seq_length), sorted by length and cut
 into batches of up to max_batch rows, each padded only to its own longest text, where the cut saves more
@@ -45,9 +48,7 @@ class EmbeddingOutput:
 
 class Embedder:
     def __init__(self, engine: EngineDir, tokenizer: Any, backend: str = "auto", threads: int | None = None) -> None:
-        if engine.model.encoder is None:
-            raise InputError(f"{engine.path} is a text-generation ({engine.model.architecture}) engine, not an "
-                             "encoder: embeddings need an encoder engine (e.g. a BERT / sentence-transformers model)")
+        check_encoder(engine)
         if backend not in ("auto", "onnxruntime"):
             raise UnsupportedError(f"backend {backend!r} cannot run encoder engines yet; {BACKEND_REASON} "
                                    "(use --backend onnxruntime or auto)")
@@ -146,22 +147,9 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
-class NoGeneration:
-    """Stands for the Generator of an LLM over an encoder engine: any use says what to do instead."""
-
-    def __init__(self, engine: EngineDir) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        raise InputError(f"{self._engine.path} is an encoder ({self._engine.model.architecture}) engine: it "
-                         "computes embeddings, not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or "
-                         "POST /v1/embeddings")
-
-
-def embed_texts(embedder: Embedder | None, engine: EngineDir, texts: str | Sequence[str]) -> np.ndarray:
-    """LLM.embed: [hidden] for one string, [texts, hidden] for a list (as sentence-transformers' encode)."""
-    if embedder is None:
-        raise InputError(f"{engine.path} is a text-generation ({engine.model.architecture}) engine; embeddings "
-                         "need an encoder engine (convert a BERT / sentence-transformers model)")
-    vectors = embedder.embed(check_texts(texts)).embeddings
-    return vectors[0] if isinstance(texts, str) else vectors
+def check_encoder(engine: EngineDir) -> None:
+    """Refuse a text-generation engine dir, before anything of it loads."""
+    if engine.model.encoder is None:
+        raise InputError(f"{engine.path} is a text-generation ({engine.model.architecture}) engine, not an "
+                         "encoder: embeddings need an encoder engine (e.g. a BERT / sentence-transformers model); "
+                         "generate text with this one instead (LLM.generate, `trtbuild run --prompt`)")

@@ -10,29 +10,32 @@
 Without params, the checkpoint's generation_config.json decides (greedy unless do_sample, its
 top_k/top_p/temperature, EOS ids): SamplingParams.from_generation_config. EOS ids of the
 tokenizer and of generation_config.json always stop a request unless ignore_eos.
+
+A facade: the loop is runner/generate.py's Generator (`.generator`), over the backend the engine dir's
+verdict picks (`.backend`); what a request gives back is runner/outputs.py's. Over an encoder engine (BERT
+family) an LLM holds runner/embeddings.py's Embeddings (`.embeddings`, the entry point of its own) and
+only embed() works: generate / stream / chat say so in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engine_builder.runner.backend_choice import open_backend
-from engine_builder.runner.embedder import Embedder, NoGeneration, embed_texts
+from engine_builder.runner.embeddings import Embeddings
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
-from engine_builder.runner.grammar import Constraint, first_line
 from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.ort_spinning import sessions_take_turns
-from engine_builder.runner.request_state import Event, RequestState, Timings
-from engine_builder.runner.sampler import TokenLogprobs
+from engine_builder.runner.outputs import RequestOutput, TokenStream, request_output
+from engine_builder.runner.request_state import Timings
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
@@ -44,74 +47,10 @@ __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
 Messages = Sequence[Mapping[str, Any]]
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    prompt: str | None
-    prompt_token_ids: tuple[int, ...]
-    text: str  # generated text; a stop string and the stop token's text are not included
-    token_ids: tuple[int, ...]  # generated only; the stop token that ended the request is included (vLLM)
-    # "stop" (EOS, stop token or stop string), "length" (max_new_tokens), or "error": a json_schema / regex / choice
-    # answer the grammar engine gave up on mid-way (it then allows only EOS), with stop_reason saying why
-    finish_reason: str
-    stop_reason: int | str | None  # the stop string or stop_token_ids entry that matched; None for EOS/length
-    logprobs: tuple[TokenLogprobs, ...] | None  # one per token_ids entry when params.logprobs is set
-    # one per prompt token (None for the first) when params.prompt_logprobs is set
-    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"text": self.text, "token_ids": list(self.token_ids),
-                               "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
-        if self.logprobs is not None:
-            out["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
-                                "top": [[t, v] for t, v in lp.top]} for lp in self.logprobs]
-        return out
-
-
-def _output(r: RequestState, prompt: str | None) -> RequestOutput:
-    reason, why = r.finish_reason or "length", r.stop_reason
-    grammar = r.sampling.grammar
-    if reason == "stop" and grammar is not None and grammar.error is not None:
-        # llguidance gave up mid-answer and then allowed only EOS: never an invalid answer reported as finished
-        kind = Constraint.of(r.params).kind
-        reason, why = "error", f"the grammar engine gave up on this {kind} mid-answer ({first_line(grammar.error)})"
-    return RequestOutput(prompt, tuple(r.prompt_ids), r.text, tuple(r.token_ids), reason,
-                         why, tuple(r.logprobs) if r.logprobs is not None else None,
-                         tuple(r.prompt_logprobs) if r.prompt_logprobs is not None else None)
-
-
-class TokenStream:
-    """Text deltas of one request as they are generated; `.output` and `.timings` once it ends.
-    Closing it early (or leaving a for loop with break) stops generation and frees the KV slot."""
-
-    def __init__(self, llm: LLM, started: tuple[list[RequestState], Iterator[Event]], prompt: str | None) -> None:
-        self._llm, self._prompt = llm, prompt
-        (self._request,), self._events = started
-        self.output: RequestOutput | None = None
-        self.timings: Timings | None = None
-
-    def __iter__(self) -> TokenStream:
-        return self
-
-    def __next__(self) -> str:
-        for event in self._events:
-            if event.text:
-                return event.text
-        self._finish()
-        raise StopIteration
-
-    def _finish(self) -> None:
-        if self.output is None:
-            self.output = _output(self._request, self._prompt)
-            self.timings = self._llm._generator.timings
-
-    def close(self) -> None:
-        self._events.close()  # runs the loop's cleanup: slots freed
-
-    def __enter__(self) -> TokenStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def _no_generation(engine: EngineDir) -> InputError:
+    """What generate / stream / chat (and .generator, .backend) of an LLM over an encoder engine raise."""
+    return InputError(f"{engine.path} is an encoder ({engine.model.architecture}) engine: it computes embeddings, "
+                      "not text; use LLM.embed(texts), `trtbuild run --embed TEXT` or POST /v1/embeddings")
 
 
 def _backend_and_tokenizer(engine: EngineDir, backend: str, threads: int | None) -> tuple[Any, Any, Any]:
@@ -169,7 +108,8 @@ class LLM:
             with turns:
                 self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory,
                            gpu_memory_utilization)
-            self._generator.admission = self._admission(kv_budget_tokens)
+            if self._generator is not None:
+                self._generator.admission = self._admission(kv_budget_tokens)
         except Exception:
             self.engine.wait_verified()  # a changed file explains a failed load better than the failure itself
             raise
@@ -182,15 +122,16 @@ class LLM:
     def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
               prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None,
               gpu_memory_utilization: float | None = None) -> None:
-        self.embedder: Embedder | None = None
+        # exactly one of the two is set: embeddings over an encoder engine, the generation loop over a decoder
+        self.embeddings: Embeddings | None = None
+        self._generator: Generator | None = None
         self._threads, self._image_prompts = threads, None  # the vision graph opens with the first images
-        if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embedder.py)
-            self.tokenizer = self.engine.load_tokenizer()
-            self.embedder = self.backend = Embedder(self.engine, self.tokenizer, backend, threads)
-            self.backend_name, self.backend_reason = self.embedder.backend_name, self.embedder.backend_reason
-            self._generator = NoGeneration(self.engine)  # type: ignore[assignment]
+        if self.engine.model.encoder is not None:  # BERT family: embed() only (runner/embeddings.py)
+            self.embeddings = Embeddings(self.engine, backend, threads=threads)
+            self.tokenizer = self.embeddings.tokenizer
+            self.backend_name, self.backend_reason = self.embeddings.backend_name, self.embeddings.backend_reason
             return
-        self.backend, choice, self.tokenizer = _backend_and_tokenizer(self.engine, backend, threads)
+        self._backend, choice, self.tokenizer = _backend_and_tokenizer(self.engine, backend, threads)
         self.backend_name, self.backend_reason = choice.name, choice.reason
         eos = self.engine.generation_config.get("eos_token_id", [])
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -199,33 +140,33 @@ class LLM:
         try:
             self._check_pool_options(kv_cache_memory, gpu_memory_utilization)
             if kv_cache_memory is not None:  # before the prefix cache takes the pool it holds
-                self.backend.resize_kv(kv_cache_memory)
+                self._backend.resize_kv(kv_cache_memory)
         except Exception:
-            self.backend.close()
+            self._backend.close()
             raise
         cache = None
-        if prefix_cache and self.backend.reprefill_after is None:  # longrope: cached keys change past a length
-            cache = self.backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
-        decoding = None if spec is None else speculative_decode(spec, self.backend, self.tokenizer, seed=seed,
+        if prefix_cache and self._backend.reprefill_after is None:  # longrope: cached keys change past a length
+            cache = self._backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
+        decoding = None if spec is None else speculative_decode(spec, self._backend, self.tokenizer, seed=seed,
                                                                 threads=threads)
-        self._generator = Generator(self.backend, self.tokenizer, eos, self.backend.make_sampler(seed), cache,
-                                    decoding)
+        generator = Generator(self._backend, self.tokenizer, eos, self._backend.make_sampler(seed), cache, decoding)
         # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there
         # keep answers themselves, runner/chat_session.py)
-        self._generator.cache_outputs = isinstance(cache, PrefixCache)
+        generator.cache_outputs = isinstance(cache, PrefixCache)
+        self._generator = generator
 
     def _check_pool_options(self, kv_cache_memory: int | None, gpu_memory_utilization: float | None) -> None:
         """Refuse a pool size the backend cannot take; size a device pool by utilization (before the prefix cache
         takes the pool it holds)."""
-        if kv_cache_memory is not None and not self.backend.kv.sized_by_bytes:
+        if kv_cache_memory is not None and not self._backend.kv.sized_by_bytes:
             # a slot engine's KV is max_batch x max_seq_len, fixed at build time
             raise InputError(f"kv_cache_memory (--kv-cache-memory) sizes a paged engine's block pool, and "
                              f"{self.engine.path} keeps one KV slot per sequence; rebuild it with "
                              "`trtbuild build --kv-layout paged`, run it with --backend torch, or leave the option out")
         if gpu_memory_utilization is None:
             return
-        resize = getattr(self.backend, "size_kv_by_device", None)
+        resize = getattr(self._backend, "size_kv_by_device", None)
         if resize is None:
             raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) sizes the torch backend's KV pool on "
                              f"a GPU, and {self.backend_name} runs this engine; run it with --backend torch, or leave "
@@ -234,13 +175,11 @@ class LLM:
             raise InputError("give --kv-cache-memory or --gpu-memory-utilization, not both: each sizes the KV pool")
         resize(gpu_memory_utilization)
 
-    def _admission(self, kv_budget_tokens: int | None) -> BlockAdmission | None:
+    def _admission(self, kv_budget_tokens: int | None) -> BlockAdmission:
         """generate()'s admission by free KV blocks; prompts prefilled whole (a step may take every slot's longest)."""
-        if self.embedder is not None:
-            return None
-        kv = self.backend.kv
+        kv = self._backend.kv
         return BlockAdmission(SchedulerConfig(kv_budget_tokens=kv_budget_tokens,
-                                              max_tokens_per_step=kv.batch_slots * self.backend.max_input_len))
+                                              max_tokens_per_step=kv.batch_slots * self._backend.max_input_len))
 
     # --- parameters and prompts -------------------------------------------------------------
 
@@ -280,17 +219,19 @@ class LLM:
         """One RequestOutput per prompt, in order. Give text prompts, or token ids instead. images (a
         vision-language engine): per prompt a list of images (bytes, a path, a data: URL or a PIL image), each
         standing where its image token is in the prompt; with one prompt, its list."""
+        generator = self.generator
         texts, ids = self._prompts(prompts, prompt_token_ids)
         ids, prepared = self._with_images(ids, images)
-        requests, events = self._generator.start(ids, self._params(params, len(ids)), prepared)
+        requests, events = generator.start(ids, self._params(params, len(ids)), prepared)
         for _ in events:
             pass
-        return [_output(r, t) for r, t in zip(requests, texts)]
+        return [request_output(r, t) for r, t in zip(requests, texts)]
 
     def stream(self, prompt: str, params: SamplingParams | None = None, *, images: Any = None) -> TokenStream:
         """Iterate over text deltas of one prompt's generation (images: as generate's, of this one prompt)."""
+        generator = self.generator
         ids, prepared = self._with_images([self.encode(prompt)], images)
-        return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), prompt)
+        return TokenStream(generator, generator.start(ids, self._params(params, 1), prepared), prompt)
 
     def chat(self, messages: Messages | Sequence[Messages],
              params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -298,6 +239,8 @@ class LLM:
         """Generate the assistant's reply to one conversation (a list of messages) or to several. images: as
         generate's, per conversation; each goes where its image token is in the messages (in order), else (no
         message holds one) all before the last user message's text."""
+        if self._generator is None:  # an encoder engine's refusal before its tokenizer's (it has no chat template)
+            raise _no_generation(self.engine)
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         if not conversations or any(not c for c in conversations):
             raise InputError("chat() needs at least one message, e.g. [{'role': 'user', 'content': 'Hi'}]")
@@ -311,9 +254,10 @@ class LLM:
                     images: Any = None) -> TokenStream:
         from engine_builder.runner.vision.image_prompts import per_prompt
 
+        generator = self.generator
         per = per_prompt(images, 1)[0] if images is not None else []
         ids, prepared = self._with_images([self.encode_chat(self._image_turn(messages, per))], images)
-        return TokenStream(self, self._generator.start(ids, self._params(params, 1), prepared), None)
+        return TokenStream(generator, generator.start(ids, self._params(params, 1), prepared), None)
 
     def _image_turn(self, messages: Messages, images: list) -> Messages:
         """The conversation with an image token per image in its last user message (runner/vision)."""
@@ -325,29 +269,47 @@ class LLM:
         return with_image_tokens(messages, len(images), token)
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
-        """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list."""
-        return embed_texts(self.embedder, self.engine, texts)
+        """Embeddings from an encoder engine: float32 [hidden] for one string, [len(texts), hidden] for a list
+        (Embeddings.embed; `Embeddings(engine_dir)` opens an encoder engine without the LLM around it)."""
+        if self.embeddings is None:
+            raise InputError(f"{self.engine.path} is a text-generation ({self.engine.model.architecture}) engine; "
+                             "embeddings need an encoder engine (convert a BERT / sentence-transformers model)")
+        return self.embeddings.embed(texts)
 
     @property
     def generator(self) -> Generator:
-        """The generation loop over this LLM's backend (what an Executor drives)."""
+        """The generation loop over this LLM's backend (what an Executor drives); an encoder engine has none
+        (InputError)."""
+        if self._generator is None:
+            raise _no_generation(self.engine)
         return self._generator
+
+    @property
+    def backend(self) -> Any:
+        """The backend the loop runs (runner/backend.py's Backend: onnxruntime, TensorRT, torch or the tp/pp
+        ranks); an encoder engine's session is `.embeddings`' own (InputError here)."""
+        if self.embeddings is not None:
+            raise _no_generation(self.engine)
+        return self._backend
 
     @property
     def speculation(self) -> SpeculativeDecode | None:
         """Speculative decoding's policy on the loop (its stats, its proposer), or None without --speculative."""
-        decoding = self._generator.decoding if self.embedder is None else None
+        decoding = self._generator.decoding if self._generator is not None else None
         return decoding if isinstance(decoding, SpeculativeDecode) else None
 
     @property
     def last_timings(self) -> Timings | None:
-        """Timings of the last finished generate/stream/chat call."""
-        return self._generator.timings
+        """Timings of the last finished generate/stream/chat call (None before one, and on an encoder engine)."""
+        return self._generator.timings if self._generator is not None else None
 
     def close(self) -> None:
-        if self.embedder is None:
+        if self.embeddings is not None:
+            self.embeddings.close()
+            return
+        if self._generator is not None:
             self._generator.close()  # a draft engine's backend
-        self.backend.close()
+        self._backend.close()
 
     def __enter__(self) -> LLM:
         return self

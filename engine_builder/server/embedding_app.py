@@ -1,6 +1,6 @@
 """The FastAPI app of `trtbuild serve` over an encoder engine: embeddings, and a clear refusal of generation.
 
-    app = create_embedding_app(EmbeddingService(EmbeddingBatcher(embedder), config))
+    app = create_embedding_app(EmbeddingService(EmbeddingBatcher(Embeddings(engine_dir).embedder), config))
 
 Routes: POST /v1/embeddings (OpenAI), POST /embed (TEI) from embeddings_api.py; GET /v1/models, /health,
 /metrics (embedding_metrics.py).
@@ -81,16 +81,15 @@ def create_embedding_app(service: EmbeddingService) -> FastAPI:
 def embedding_app(engine_dir: Path, config: ServerConfig, *, backend: str, threads: int | None,
                   log: Callable[[str], None] | None, verify: bool = True) -> Iterator[FastAPI]:
     """serve()'s app over encoder engine ENGINE_DIR; the batcher and the session are closed on exit."""
-    from engine_builder.runner.llm import LLM
+    from engine_builder.runner.embeddings import Embeddings
 
-    with LLM(engine_dir, backend=backend, threads=threads, verify=verify) as llm:
-        assert llm.embedder is not None  # serve() sends only encoder engines here
-        batcher = EmbeddingBatcher(llm.embedder, max_queue=config.max_concurrent_requests)
+    with Embeddings(engine_dir, backend=backend, threads=threads, verify=verify) as model:
+        batcher = EmbeddingBatcher(model.embedder, max_queue=config.max_concurrent_requests)
         try:
             if log is not None:
-                log(f"{config.model_name}: embeddings, {llm.backend_name} ({llm.backend_reason}); "
-                    f"{llm.embedder.dimensions} dimensions, max batch {llm.embedder.max_batch}, max input tokens "
-                    f"{llm.embedder.max_tokens}, max concurrent requests {config.max_concurrent_requests}"
+                log(f"{config.model_name}: embeddings, {model.backend_name} ({model.backend_reason}); "
+                    f"{model.dimensions} dimensions, max batch {model.max_batch}, max input tokens "
+                    f"{model.max_tokens}, max concurrent requests {config.max_concurrent_requests}"
                     f"{', API key required' if config.api_key else ''}")
             yield create_embedding_app(EmbeddingService(batcher, config))
         finally:

@@ -15,7 +15,7 @@ from fastapi import Request
 
 from engine_builder.executor import TokenEvent
 from engine_builder.runner.core.image_prompt import ImagePrompt
-from engine_builder.runner.llm import RequestOutput
+from engine_builder.runner.outputs import RequestOutput
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.generation import ActiveRequest, ServerState, admit
 from engine_builder.server.http_errors import VALIDATION, ApiError

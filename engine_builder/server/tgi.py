@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_builder.runner.llm import RequestOutput
+from engine_builder.runner.outputs import RequestOutput
 from engine_builder.runner.sampler import TokenLogprobs
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.server.generation import (

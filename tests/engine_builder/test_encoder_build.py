@@ -15,7 +15,7 @@ from cli_process import assert_user_error, trtbuild
 from runner_engines import add_word_tokenizer
 
 from converters.convert import convert
-from engine_builder import LLM
+from engine_builder import LLM, Embeddings
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.formats.checkpoint import CheckpointConfig
@@ -89,8 +89,8 @@ def test_encoder_embeddings_equal_hf(tmp_path, kind, pooling, normalize, targets
         assert result.engine_bytes > 0 and (tmp_path / "engine" / "rank0.engine").is_file()
         (profile,) = result.tensorrt["profiles"]
         assert profile["input_ids"] == [[1, 1], [3, 32], [3, 32]] and profile.keys() == {"input_ids", "attention_mask"}
-    with LLM(tmp_path / "engine") as llm:
-        got = llm.embedder.embed_ids(TOKEN_IDS).embeddings  # 4 texts in batches of max_batch 3
+    with Embeddings(tmp_path / "engine") as engine:
+        got = engine.embedder.embed_ids(TOKEN_IDS).embeddings  # 4 texts in batches of max_batch 3
     np.testing.assert_allclose(got, reference(model, pooling, normalize), rtol=1e-4, atol=2e-5)
 
 
@@ -101,7 +101,7 @@ def test_plain_hf_dir_pools_by_mean_and_limits_fit_the_position_table(tmp_path):
     convert(tmp_path / "hf", tmp_path / "ckpt")
     build(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(targets=("onnxruntime",), dtype="float32"))
     with LLM(tmp_path / "engine") as llm:
-        assert llm.engine.limits.max_input_len == 64 and llm.embedder.max_tokens == 64
+        assert llm.engine.limits.max_input_len == 64 and llm.embeddings.max_tokens == 64
         got = llm.embed("w5 w17 w33 w8")  # one string -> one vector, through the engine's tokenizer
         assert got.shape == (32,)
         ids = llm.tokenizer("w5 w17 w33 w8").input_ids

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_builder import LLM
+from engine_builder import Embeddings
 from engine_builder.executor.embedding_batcher import EmbeddingBatcher
 from engine_builder.util.errors import InputError
 
@@ -15,8 +15,8 @@ TEXTS = ["A man is eating food.", "Hi", "A cheetah is running behind its prey ac
 
 @pytest.fixture(scope="module")
 def embedder(minilm_engine):
-    with LLM(minilm_engine) as llm:
-        yield llm.embedder
+    with Embeddings(minilm_engine) as model:
+        yield model.embedder
 
 
 def test_requests_submitted_together_share_steps_and_keep_their_vectors(embedder):

@@ -1,6 +1,7 @@
 """The real all-MiniLM-L6-v2 against sentence-transformers: float32 cosine >= 0.9999 on every text of a
 varied set (short, long past the 256-token truncation, accents, CJK, emoji, code, numbers), int8
-weight-only >= 0.99; `trtbuild run --embed`; and the one-line refusals between encoders and decoders."""
+weight-only >= 0.99; `trtbuild run --embed`; Embeddings(engine_dir), the entry point of its own, and LLM
+over it; and the one-line refusals between encoders and decoders."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from cli_process import assert_user_error, trtbuild
 from runner_engines import add_word_tokenizer, build_engine
 
 from converters.convert import convert
-from engine_builder import LLM
+from engine_builder import LLM, Embeddings
 from engine_builder.build.pipeline import build
 from engine_builder.formats.build_config import BuildConfig, Limits
 from engine_builder.runner.backend_choice import open_backend
@@ -121,3 +122,51 @@ def test_encoders_and_decoders_refuse_each_others_work(decoder_engine, minilm_en
         llm.embed("w5 w6")
     with pytest.raises(InputError, match="encoder .* engine: it computes embeddings"):  # eval, bench: a decoder's
         open_backend(EngineDir.load(minilm_engine))
+
+
+def test_embeddings_entry_point_matches_sentence_transformers(minilm_engine, sentence_transformer):
+    with Embeddings(minilm_engine, threads=2) as model:
+        assert (model.dimensions, model.max_tokens, model.max_batch) == (384, 256, 32)
+        assert model.backend_name == "onnxruntime" and "onnxruntime twin" in model.backend_reason
+        ours = model.embed(TEXTS)
+        one = model.embed(TEXTS[3])  # one string -> one vector
+    theirs = sentence_transformer.encode(TEXTS, batch_size=32)
+    assert ours.shape == theirs.shape == (len(TEXTS), 384) and ours.dtype == np.float32
+    cos = cosines(ours, theirs)
+    assert cos.min() >= 0.9999, dict(zip(TEXTS, cos))
+    assert one.shape == (384,) and float(one @ theirs[3]) / np.linalg.norm(theirs[3]) >= 0.9999
+
+
+def test_llm_over_an_encoder_holds_the_entry_point(minilm, minilm_engine):
+    assert isinstance(minilm.embeddings, Embeddings) and minilm.embeddings.engine is minilm.engine
+    assert minilm.tokenizer is minilm.embeddings.tokenizer
+    assert (minilm.backend_name, minilm.backend_reason) == ("onnxruntime", minilm.embeddings.backend_reason)
+    with Embeddings(minilm_engine, verify=False) as model:
+        np.testing.assert_array_equal(model.embed(TEXTS[:5]), minilm.embed(TEXTS[:5]))  # the same call
+    assert minilm.last_timings is None and minilm.speculation is None
+    refusal = "encoder .* engine: it computes embeddings, not text; use LLM.embed"
+    for use in (lambda: minilm.generate(["Hello"]), lambda: minilm.chat([{"role": "user", "content": "Hi"}]),
+                lambda: minilm.stream_chat([{"role": "user", "content": "Hi"}]), lambda: minilm.generator,
+                lambda: minilm.backend):
+        with pytest.raises(InputError, match=refusal) as caught:
+            use()
+        assert "\n" not in str(caught.value)
+
+
+def test_embeddings_refuses_a_decoder_a_tensorrt_backend_and_a_changed_file(decoder_engine, minilm_engine, tmp_path):
+    with pytest.raises(InputError, match="text-generation .* engine, not an encoder: embeddings need an encoder"):
+        Embeddings(decoder_engine)
+    with pytest.raises(UnsupportedError, match="onnxruntime twin"):
+        Embeddings(minilm_engine, backend="tensorrt")
+    changed = tmp_path / "minilm"
+    shutil.copytree(minilm_engine, changed)
+    weights = max((f for f in changed.iterdir() if f.is_file()), key=lambda f: f.stat().st_size)
+    with weights.open("r+b") as f:  # one byte of the largest file, its size kept: only the sha256 tells
+        f.seek(weights.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(InputError, match="changed after it was built"):
+        Embeddings(changed)
+    with Embeddings(changed, verify=False) as model:  # the trusted fast start skips the hashes
+        assert model.embed("Hi").shape == (384,)

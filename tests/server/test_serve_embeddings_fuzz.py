@@ -8,7 +8,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from engine_builder import LLM
+from engine_builder import Embeddings
 from engine_builder.executor.embedding_batcher import EmbeddingBatcher
 from engine_builder.server.config import ServerConfig
 from engine_builder.server.embedding_app import create_embedding_app
@@ -19,8 +19,8 @@ EXAMPLES = 40  # per route and mode
 
 @pytest.fixture(scope="module")
 def schema(minilm_engine):
-    with LLM(minilm_engine) as llm:
-        batcher = EmbeddingBatcher(llm.embedder)
+    with Embeddings(minilm_engine) as model:
+        batcher = EmbeddingBatcher(model.embedder)
         config = ServerConfig(model_name="minilm", max_input_tokens=256, max_total_tokens=256)
         try:
             app = create_embedding_app(EmbeddingService(batcher, config))
