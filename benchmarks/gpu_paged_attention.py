@@ -190,7 +190,7 @@ def decode_row(torch, triton, pat, ref_fn, name, shape, batch_size, context, cop
     seconds, same = graph_time(torch, pat, batch, outs, None)
     timed = {auto: seconds}
     if sweep:  # every split count the context allows (2 key tiles a split at least): data to tune choose_splits
-        most = max(1, -(-context // plan.tile.block_n) // pat.MIN_TILES_PER_SPLIT)
+        most = max(1, -(-context // plan.tile.block_n) // pat.KERNEL_MIN_TILES_PER_SPLIT)
         for splits in [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n <= most and n != auto]:
             timed[splits] = graph_time(torch, pat, batch, outs, splits)[0]
 

@@ -16,11 +16,9 @@ from typing import Any
 
 from engine_builder.runner.llm import LLM
 from engine_builder.runner.sampling_params import SamplingParams
+from engine_builder.runner.tunables import CHAT_BLOCK_TOKENS, CHAT_CACHE_BYTES
 from engine_builder.runner.vision.image_prompts import placeholder_text, with_image_tokens
 from engine_builder.util.errors import InputError
-
-BLOCK_TOKENS = 4  # reuse granularity: at most 3 tokens of history are prefilled again per turn
-CACHE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -103,4 +101,4 @@ class ChatSession:
 def _chat_cache(kv):
     """A paged engine's blocks are shared by reference (its pool evicts old turns when short); a slot
     engine's are copied into a cache of their own, in small blocks (at most 3 tokens of history prefilled again)."""
-    return kv.prefix_cache(budget_bytes=CACHE_BYTES, block_size=BLOCK_TOKENS)
+    return kv.prefix_cache(budget_bytes=CHAT_CACHE_BYTES, block_size=CHAT_BLOCK_TOKENS)

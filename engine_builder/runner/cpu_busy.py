@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-MIN_WINDOW_S = 0.1  # /proc/stat counts in 1/100 s: a shorter window cannot tell 0.1 core from 0.3
-MAX_WINDOW_S = 60.0  # older than the load average's own minute: it says nothing about now
+from engine_builder.runner.tunables import BUSY_MAX_WINDOW_S, BUSY_MIN_WINDOW_S
+
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -52,11 +52,11 @@ def sample() -> CpuSample | None:
 
 def others_busy(since: CpuSample | None, now: CpuSample | None) -> tuple[float, float] | None:
     """(cores other processes kept busy between the samples, the window in seconds), or None where the
-    window is too short or too long to say (see MIN_WINDOW_S, MAX_WINDOW_S) or a sample is missing."""
+    window is too short or too long to say (see BUSY_MIN_WINDOW_S, BUSY_MAX_WINDOW_S) or a sample is missing."""
     if since is None or now is None or since.cpus != now.cpus:
         return None
     window = now.wall - since.wall
-    if not MIN_WINDOW_S <= window <= MAX_WINDOW_S:
+    if not BUSY_MIN_WINDOW_S <= window <= BUSY_MAX_WINDOW_S:
         return None
     cores = ((now.busy - since.busy) - (now.own - since.own)) / _HZ / window
     return min(max(cores, 0.0), float(now.cpus)), window
@@ -67,18 +67,18 @@ _last = sample()
 
 def others_busy_now() -> tuple[float, float] | None:
     """others_busy since the previous call (or this module's import); the next call measures from here. A
-    window shorter than MIN_WINDOW_S (an engine that loads that fast after the import) is waited out: at
+    window shorter than BUSY_MIN_WINDOW_S (an engine that loads that fast after the import) is waited out: at
     most 0.1 s, once per process start, against a whole session of spinning or not. A window over
-    MAX_WINDOW_S (a session opened minutes after the last: a benchmark's next part, a server's reload) is
-    replaced by a fresh one of MIN_WINDOW_S rather than left to the load average, which counts this process's
+    BUSY_MAX_WINDOW_S (a session opened minutes after the last: a benchmark's next part, a server's reload) is
+    replaced by a fresh one of BUSY_MIN_WINDOW_S rather than left to the load average, which counts this process's
     own work of that last minute (measured: a speculative draft opened after 3 minutes of HF transformers in
     benchmarks/speculative.py's copy part ran without spinning, 1.24-1.32x instead of 1.51-1.86x)."""
     global _last
     now = sample()
-    if _last is not None and now is not None and now.wall - _last.wall > MAX_WINDOW_S:
+    if _last is not None and now is not None and now.wall - _last.wall > BUSY_MAX_WINDOW_S:
         _last = now
-    if _last is not None and now is not None and now.wall - _last.wall < MIN_WINDOW_S:
-        time.sleep(MIN_WINDOW_S - (now.wall - _last.wall))
+    if _last is not None and now is not None and now.wall - _last.wall < BUSY_MIN_WINDOW_S:
+        time.sleep(BUSY_MIN_WINDOW_S - (now.wall - _last.wall))
         now = sample()
     result, _last = others_busy(_last, now), now
     return result

@@ -27,13 +27,10 @@ import numpy as np
 from engine_builder.formats import encoder_spec as io
 from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.tunables import EMBED_BATCH_OVERHEAD_TOKENS
 from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
 
 BACKEND_REASON = "encoder engines run on the onnxruntime twin"
-# what one more engine call costs, in padded tokens: the call itself and smaller matrix products. A batch of
-# mixed lengths is split where the padding saved is worth more (MiniLM, 32 sentences of 4..77 tokens: 2464
-# padded tokens in one call, 1100 in five)
-BATCH_OVERHEAD_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ class Embedder:
 
 
 def plan_batches(lengths: Sequence[int], max_batch: int,
-                 overhead: int = BATCH_OVERHEAD_TOKENS) -> list[tuple[int, int]]:
+                 overhead: int = EMBED_BATCH_OVERHEAD_TOKENS) -> list[tuple[int, int]]:
     """Cut LENGTHS (ascending) into runs of at most MAX_BATCH rows, each padded to its last (longest) row,
     so that padded tokens + OVERHEAD per engine call are fewest (dynamic programming over the cut points).
     A batch of mixed lengths then pays for its short texts' own length, not for the longest text's."""

@@ -19,8 +19,8 @@ import onnxruntime as ort
 
 from engine_builder.formats import graph_io as io
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.ort_backend import _ORT_TYPES, OrtBackend, load_session
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
+from engine_builder.runner.ort_backend import _ORT_TYPES, OrtBackend, load_session
 from engine_builder.util.errors import InputError
 
 

@@ -34,6 +34,7 @@ import os
 from collections.abc import Iterator
 
 from engine_builder.runner.cpu_busy import others_busy_now
+from engine_builder.runner.tunables import SPIN_MEASURED_SLACK
 from engine_builder.util import environment
 
 ENV = "TRTBUILD_ORT_SPINNING"
@@ -44,7 +45,6 @@ ENV = "TRTBUILD_ORT_SPINNING"
 # draft both spin (2-core machine, int4 draft step 8.8 ms spinning vs 10-11 not). Never decreased (a session's end
 # is not seen here): the error is not spinning.
 _spinning_in_process = 0
-MEASURED_SLACK = 0.25  # cores
 
 
 def allow_spinning(threads: int, load_average: float | None = None, cpus: int | None = None) -> tuple[bool, str]:
@@ -68,7 +68,7 @@ def allow_spinning(threads: int, load_average: float | None = None, cpus: int | 
     idle = cpus - load
     # a measured window sees the kernel's own threads and the counters' 1/100 s steps: a quiet 2-CPU machine
     # reads 0.0-0.1 busy, which must not cost the spinning it measured for
-    if idle >= threads - (MEASURED_SLACK if measured is not None else 0.0):
+    if idle >= threads - (SPIN_MEASURED_SLACK if measured is not None else 0.0):
         if measured is not None and not stop_spinning_after_run():
             _spinning_in_process += threads
         return True, f"{idle:.1f} of {cpus} CPUs idle by the {source}: enough for {threads} spinning threads"

@@ -28,10 +28,10 @@ from engine_builder.formats import graph_io as io
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.trt_backend import _TORCH_DTYPES, Binding, Shape, TrtBackend, apply_plan, select_profile
+from engine_builder.runner.tunables import TRT_POOL_MEMORY_FRACTION
 from engine_builder.util.errors import InputError
 
 _POOL_DTYPES = {**_TORCH_DTYPES, "INT8": "int8"}  # TensorRT DataType names -> the layout's dtype names
-DEVICE_MEMORY_FRACTION = 0.5  # of the device memory free after loading the engine, for the pools (default)
 
 
 def trt_paged_layout(engine: EngineDir) -> io.PagedKVLayout:
@@ -98,7 +98,7 @@ class TrtPagedBackend(TrtBackend):
         self._table_host = torch.zeros(self._table.numel(), dtype=torch.int64).pin_memory()
         free, _ = torch.cuda.mem_get_info()
         copies = 1 if self.kv_update == "in_place" else 2
-        self._make_pools(int(free * DEVICE_MEMORY_FRACTION) // copies, prefix_cache=True)
+        self._make_pools(int(free * TRT_POOL_MEMORY_FRACTION) // copies, prefix_cache=True)
 
     def _make_pools(self, kv_cache_memory: int, prefix_cache: bool) -> None:
         """A pool of kv_cache_memory bytes per copy (two copies when ping-pong)."""

@@ -139,4 +139,4 @@ def test_a_window_over_a_minute_is_measured_afresh(monkeypatch):
     stale = cpu_busy.sample()
     monkeypatch.setattr(cpu_busy, "_last", cpu_busy.CpuSample(stale.wall - 600.0, 0, 0, stale.cpus))
     measured = cpu_busy.others_busy_now()
-    assert measured is not None and cpu_busy.MIN_WINDOW_S <= measured[1] < 1.0, measured
+    assert measured is not None and cpu_busy.BUSY_MIN_WINDOW_S <= measured[1] < 1.0, measured

@@ -71,7 +71,7 @@ def test_draft_length_follows_where_drafts_fail_not_only_how_often():
 
 def test_draft_length_grows_again_past_a_position_its_drafts_stopped_reaching():
     """One rejection at the 5th draft must not hold the length at 4-5 while every draft survives: steps of 5 never
-    judge the 6th position again, so its failure would outlive the evidence (draft_length.UNSEEN_FAILURES)."""
+    judge the 6th position again, so its failure would outlive the evidence (tunables.UNSEEN_FAILURES)."""
     costs = StepCosts(t1=0.04, slope=0.004, draft_token=0.015)
     control = DraftLength(cap=15, adaptive=True)
     for _ in range(10):

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.runner.tunables import HOST_KV_RAM_FRACTION
 from engine_builder.util.errors import CapacityError, InputError
 
 SCRATCH_BLOCK = 0
-DEFAULT_RAM_FRACTION = 0.25  # of MemAvailable, when no kv_cache_memory is given
 
 
 def available_ram() -> int:
@@ -73,7 +73,7 @@ class BlockPool:
         """As many blocks as kv_cache_memory bytes hold (default: a quarter of the available RAM, up to
         max_blocks), at least min_blocks."""
         if kv_cache_memory is None:
-            kv_cache_memory = int(available_ram() * DEFAULT_RAM_FRACTION)
+            kv_cache_memory = int(available_ram() * HOST_KV_RAM_FRACTION)
         if isinstance(kv_cache_memory, bool) or not isinstance(kv_cache_memory, int) or kv_cache_memory < 1:
             raise InputError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         blocks = kv_cache_memory // layout.bytes_per_block

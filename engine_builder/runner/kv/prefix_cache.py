@@ -24,6 +24,7 @@ import numpy as np
 
 from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.kv.radix_tree import RadixNode, RadixTree
+from engine_builder.runner.tunables import PREFIX_CACHE_BYTES
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    def __init__(self, kv: KVCache, block_size: int = 16, budget_bytes: int = 256 << 20) -> None:
+    def __init__(self, kv: KVCache, block_size: int = 16, budget_bytes: int = PREFIX_CACHE_BYTES) -> None:
         if not kv.keys:
             raise ValueError("a prefix cache needs a KV cache in host memory")
         if block_size < 1 or budget_bytes < 0:

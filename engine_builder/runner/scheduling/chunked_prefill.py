@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from itertools import groupby
 from typing import TypeVar
 
+from engine_builder.runner.tunables import MIN_CHUNK
+
 T = TypeVar("T")
 
-MIN_CHUNK = 16
 
 
 def plan_chunks(pending: Sequence[tuple[T, int, int]], budget: int, max_chunk: int,

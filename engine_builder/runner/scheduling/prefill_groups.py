@@ -11,7 +11,7 @@ width - its own tokens) tokens of waste; it joins when the saving is larger. Bot
 (least squares with forgetting) over every engine call of the loop, decodes included, so the rule follows
 the hardware: on a 2-core CPU, SmolLM2-135M fp32 measured fixed ~36 ms and ~4.5 ms per token (one call of
 [3, 7] 108 ms against three calls of [1, 7] 216 ms); on a GPU the fixed cost dominates and wide groups win.
-Until the fit has seen calls of different sizes it assumes the fixed cost is DEFAULT_FIXED_TOKENS tokens.
+Until the fit has seen calls of different sizes it assumes the fixed cost is PREFILL_FIXED_TOKENS tokens.
 
 On the slot layout every row of a shared call, riders too, starts at 0 (batched_prefill.fits: the call then
 computes exactly each row's solo call), so a prefix-cache hit or a decoding slot inside the range keeps a
@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING
 
 from engine_builder.runner import batched_prefill as bp
 from engine_builder.runner.request_state import RequestState
+from engine_builder.runner.tunables import PREFILL_COST_FORGET, PREFILL_FIXED_TOKENS
 
 if TYPE_CHECKING:
     from engine_builder.runner.generate import Generator
 
-DEFAULT_FIXED_TOKENS = 8.0  # a call's fixed cost in tokens' worth of compute, before anything is measured
-FORGET = 0.97  # weight of past observations per new one
 Chunk = tuple[RequestState, int]
 
 
@@ -45,20 +44,20 @@ class CallCosts:
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def observe(self, tokens: int, seconds: float) -> None:
-        self._w = FORGET * self._w + 1
-        self._x = FORGET * self._x + tokens
-        self._y = FORGET * self._y + seconds
-        self._xx = FORGET * self._xx + tokens * tokens
-        self._xy = FORGET * self._xy + tokens * seconds
+        self._w = PREFILL_COST_FORGET * self._w + 1
+        self._x = PREFILL_COST_FORGET * self._x + tokens
+        self._y = PREFILL_COST_FORGET * self._y + seconds
+        self._xx = PREFILL_COST_FORGET * self._xx + tokens * tokens
+        self._xy = PREFILL_COST_FORGET * self._xy + tokens * seconds
 
     def fixed_tokens(self) -> float:
-        """A call's fixed cost in tokens' worth (fixed / per_token), DEFAULT_FIXED_TOKENS until measurable."""
+        """A call's fixed cost in tokens' worth (fixed / per_token), PREFILL_FIXED_TOKENS until measurable."""
         if self._w < 2:
-            return DEFAULT_FIXED_TOKENS
+            return PREFILL_FIXED_TOKENS
         mean_x, mean_y = self._x / self._w, self._y / self._w
         var = self._xx / self._w - mean_x * mean_x
         if var < 1.0:  # every call of (nearly) one size: the slope is unknown
-            return DEFAULT_FIXED_TOKENS
+            return PREFILL_FIXED_TOKENS
         per_token = (self._xy / self._w - mean_x * mean_y) / var
         fixed = mean_y - per_token * mean_x
         if per_token <= 0:  # size does not matter here (a GPU far from saturation): batch freely

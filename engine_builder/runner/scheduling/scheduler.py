@@ -44,10 +44,8 @@ from engine_builder.runner.scheduling.kv_growth import Blocks, grow_or_preempt
 from engine_builder.runner.scheduling.preemption import Resumes
 from engine_builder.runner.scheduling.step_budget import StepBudget
 from engine_builder.runner.scheduling.step_plan import StepPlan
+from engine_builder.runner.tunables import KV_BUDGET_BLOCK_TOKENS, WATERMARK_SHARE
 from engine_builder.util.errors import CapacityError, ConfigError, InputError
-
-DEFAULT_BLOCK_TOKENS = 16
-WATERMARK_SHARE = 0.01  # of the blocks, kept free at admission for running requests' growth (vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class SchedulerConfig:
     max_queue: int = 256  # waiting requests beyond which submit() raises CapacityError (a server answers 429)
     # KV cache budget in tokens for all running sequences together; None = every slot's max_seq_len
     kv_budget_tokens: int | None = None
-    kv_block_tokens: int = DEFAULT_BLOCK_TOKENS  # admission counts KV in blocks of this many tokens
+    kv_block_tokens: int = KV_BUDGET_BLOCK_TOKENS  # admission counts KV in blocks of this many tokens
     preemption: bool = True  # a more urgent request may preempt less urgent ones (recompute)
     max_overtakes: int = 8  # times smaller requests may overtake one that does not fit before it blocks them
     batch_prefill: bool = True  # short prompts finishing their prefill in a step share one call (prefill_groups.py)

@@ -10,11 +10,7 @@ prompt still advances every step. Before anything is measured it starts at MIN_C
 
 from __future__ import annotations
 
-from engine_builder.runner.scheduling.chunked_prefill import MIN_CHUNK
-
-PREFILL_SHARE = 1.0  # a step's prefill time / its decode time
-MAX_AUTO_TOKENS = 2048
-SMOOTHING = 0.3  # weight of the newest measurement
+from engine_builder.runner.tunables import MAX_AUTO_TOKENS, MIN_CHUNK, PREFILL_SHARE, STEP_BUDGET_SMOOTHING
 
 
 class StepBudget:
@@ -25,7 +21,7 @@ class StepBudget:
 
     @staticmethod
     def _blend(old: float | None, new: float) -> float:
-        return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+        return new if old is None else (1 - STEP_BUDGET_SMOOTHING) * old + STEP_BUDGET_SMOOTHING * new
 
     def observe_decode(self, seconds: float) -> None:
         self._decode_s = self._blend(self._decode_s, seconds)

@@ -18,6 +18,7 @@ from engine_builder.runner.speculative.proposer import Proposal, Proposer
 from engine_builder.runner.speculative.speculative_config import METHODS, SpeculativeConfig
 from engine_builder.runner.speculative.speculative_decode import SpeculativeDecode
 from engine_builder.runner.speculative.stats import SpeculativeStats
+from engine_builder.runner.tunables import DRAFT_STOP_MARGIN
 
 __all__ = ["METHODS", "Proposal", "Proposer", "SpeculativeConfig", "SpeculativeDecode", "SpeculativeStats",
            "speculative_decode"]
@@ -31,9 +32,9 @@ def speculative_decode(config: SpeculativeConfig, backend: Backend, tokenizer: A
 
         proposer: Proposer = NgramProposer(config.ngram_max, config.ngram_min)
     else:
-        from engine_builder.runner.speculative.draft import STOP_MARGIN, DraftProposer
+        from engine_builder.runner.speculative.draft import DraftProposer
 
         # the near-tie stop belongs to the adaptive length: a fixed --num-draft-tokens drafts that many
         proposer = DraftProposer(config.draft_engine, tokenizer, backend.vocab_size, config.draft_backend,
-                                 threads=threads, seed=seed, stop_margin=STOP_MARGIN if config.adaptive else None)
+                                 threads=threads, seed=seed, stop_margin=DRAFT_STOP_MARGIN if config.adaptive else None)
     return SpeculativeDecode(backend, config=config, proposer=proposer, seed=seed)

@@ -42,12 +42,8 @@ from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampler import Sampler, SamplingState
 from engine_builder.runner.speculative.acceptance import draw, probabilities
 from engine_builder.runner.speculative.proposer import NO_PROPOSAL, Proposal
+from engine_builder.runner.tunables import NEAR_TIE_DECAY, NEAR_TIE_FAILS, NEAR_TIE_PRIOR
 from engine_builder.util.errors import CapacityError, InputError, UnsupportedError
-
-STOP_MARGIN = 0.2  # logits: the adaptive draft length's stop_margin (speculative_decode)
-NEAR_TIE_DECAY = 0.9  # weight of the past in the near-tie survival counts
-NEAR_TIE_PRIOR = (0.5, 1.0)  # (survived, judged) before any is seen
-NEAR_TIE_FAILS = 0.15  # stop at near ties while at least this share of them fails
 
 
 class DraftProposer:

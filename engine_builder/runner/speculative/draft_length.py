@@ -26,19 +26,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DECAY = 0.85  # weight of the past in alpha's counts: about the last 7 verify steps decide
-PROBE_EVERY = 16
-REMEASURE_EVERY = 64
-EMA = 0.2
-MATCH_BUCKETS = 4  # match lengths 1, 2, 3 and 4+ keep separate acceptance rates (0: proposals without one)
-MATCH_REACH = 2
-PRIOR_WEIGHT = 2.0  # verify steps' worth of alpha in a position's survival rate
-# what a position's failures keep per verify step that did not reach it, beside DECAY. Without it, one rejection
-# at the 5th draft kept the draft length at 4 for the rest of a story: steps of 4 drafts never judge the 5th
-# position again, its judged and failed counts decay alike, and its survival rate stays where that one rejection
-# left it (benchmarks/results/spec-replay-2026-11-26T1428.txt: on free text with the int4 draft, whose rejections
-# are few and scattered, the adaptive length then lost to a fixed k of 7-8)
-UNSEEN_FAILURES = 0.5
+from engine_builder.runner.tunables import (
+    ALPHA_DECAY,
+    COST_EMA,
+    MATCH_BUCKETS,
+    MATCH_REACH,
+    PRIOR_WEIGHT,
+    PROBE_EVERY,
+    REMEASURE_EVERY,
+    UNSEEN_FAILURES,
+)
 
 
 @dataclass
@@ -51,12 +48,12 @@ class StepCosts:
     draft_first: float | None = None  # a draft model's first token of a proposal: its catch-up step (draft.py)
     # verify widths (and 0: a proposal) seen once. The first step of a new width is not what the next ones cost:
     # the backend makes its binding and onnxruntime plans memory for the new shape (measured: a first width-3
-    # step of 109 ms, then ~45 ms, beside t1 40 ms), and with EMA weights one such sample kept an adaptive
+    # step of 109 ms, then ~45 ms, beside t1 40 ms), and with COST_EMA weights one such sample kept an adaptive
     # draft run in plain steps for most of a story at 100 % acceptance
     warm: set[int] = field(default_factory=set)
 
     def observe_plain(self, seconds: float) -> None:
-        self.t1 = seconds if self.t1 is None else (1 - EMA) * self.t1 + EMA * seconds
+        self.t1 = seconds if self.t1 is None else (1 - COST_EMA) * self.t1 + COST_EMA * seconds
 
     def observe_verify(self, tokens: int, seconds: float) -> None:
         if self.t1 is None or tokens < 2:
@@ -65,13 +62,13 @@ class StepCosts:
             self.warm.add(tokens)
             return
         slope = max(0.0, (seconds - self.t1) / (tokens - 1))
-        self.slope = slope if self.slope is None else (1 - EMA) * self.slope + EMA * slope
+        self.slope = slope if self.slope is None else (1 - COST_EMA) * self.slope + COST_EMA * slope
 
     def observe_catchup(self, seconds: float) -> None:
         if -1 not in self.warm:
             self.warm.add(-1)
             return
-        self.draft_first = seconds if self.draft_first is None else (1 - EMA) * self.draft_first + EMA * seconds
+        self.draft_first = seconds if self.draft_first is None else (1 - COST_EMA) * self.draft_first + COST_EMA * seconds
 
     def drafting(self, k: int) -> float:
         """Seconds to propose k tokens."""
@@ -85,7 +82,7 @@ class StepCosts:
             return
         if drafted:
             per = seconds / drafted
-            self.draft_token = per if self.draft_token == 0.0 else (1 - EMA) * self.draft_token + EMA * per
+            self.draft_token = per if self.draft_token == 0.0 else (1 - COST_EMA) * self.draft_token + COST_EMA * per
 
     def verify(self, tokens: int) -> float:
         t1 = self.t1 or 0.0
@@ -163,8 +160,8 @@ class DraftLength:
         self.plain_run = 0
         self.since_plain += 1
         bucket = min(match, MATCH_BUCKETS)
-        self.accepted[bucket] = DECAY * self.accepted.get(bucket, 1.0) + accepted
-        self.rejected[bucket] = DECAY * self.rejected.get(bucket, 1.0) + (1 if accepted < drafted else 0)
+        self.accepted[bucket] = ALPHA_DECAY * self.accepted.get(bucket, 1.0) + accepted
+        self.rejected[bucket] = ALPHA_DECAY * self.rejected.get(bucket, 1.0) + (1 if accepted < drafted else 0)
         judged, failed = self.judged.setdefault(bucket, []), self.failed.setdefault(bucket, [])
         reach = min(accepted + 1, drafted)  # positions judged: the accepted ones and the first rejected
         grow = max(0, reach - len(judged))
@@ -172,6 +169,6 @@ class DraftLength:
         failed += [0.0] * grow
         first_rejected = accepted if accepted < drafted else None  # its index
         for j in range(len(judged)):
-            judged[j] = DECAY * judged[j] + (1 if j < reach else 0)
-            kept = DECAY if j < reach else DECAY * UNSEEN_FAILURES  # past this step's reach: see UNSEEN_FAILURES
+            judged[j] = ALPHA_DECAY * judged[j] + (1 if j < reach else 0)
+            kept = ALPHA_DECAY if j < reach else ALPHA_DECAY * UNSEEN_FAILURES  # past this step's reach: see UNSEEN_FAILURES
             failed[j] = kept * failed[j] + (1 if j == first_rejected else 0)

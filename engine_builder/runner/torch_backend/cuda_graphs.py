@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from engine_builder.formats.graph_io import PagedKVLayout
-from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 
 

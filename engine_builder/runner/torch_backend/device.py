@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine_builder.runner.kv.block_pool import DEFAULT_RAM_FRACTION, available_ram
+from engine_builder.runner.kv.block_pool import available_ram
+from engine_builder.runner.tunables import ACTIVATION_RESERVE, DEFAULT_GPU_MEMORY_UTILIZATION, HOST_KV_RAM_FRACTION
 from engine_builder.util.errors import InputError
-
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-# activations of the largest step and the captured graphs' pool, kept out of the KV budget
-ACTIVATION_RESERVE = 2 << 30
 
 
 def torch_device() -> torch.device:
@@ -36,7 +33,7 @@ def device_memory_budget(device: torch.device, utilization: float | None = None)
     if utilization is not None:
         check_utilization(utilization)
     if device.type != "cuda":
-        return int(available_ram() * DEFAULT_RAM_FRACTION)
+        return int(available_ram() * HOST_KV_RAM_FRACTION)
     utilization = DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
     free, total = torch.cuda.mem_get_info(device)
     # the process may hold utilization x total: what it and others hold already is gone from free

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine_builder.runner.sampler import Sampler, SampleOutput, SamplingState, TokenLogprobs
+from engine_builder.runner.sampler import SampleOutput, Sampler, SamplingState, TokenLogprobs
 
 NEG_INF = float("-inf")
 

@@ -31,14 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-# what the CPU (Triton's interpreter) plans for: the H200's multiprocessors, so CI runs the split choice the GPU makes
-DEFAULT_SMS = 132
-MAX_SPLITS = 32
-# fewer key tiles than this per split and the partials' extra bytes and the combine launch outweigh the gain
-MIN_TILES_PER_SPLIT = 2
-# programs per multiprocessor the split choice aims for: two resident programs keep loads in flight while a third
-# wave would only add partial traffic (benchmarks/gpu_paged_attention.py's split sweep measures the choice)
-PROGRAMS_PER_SM = 2
+from engine_builder.runner.tunables import (
+    KERNEL_DEFAULT_SMS,
+    KERNEL_MAX_SPLITS,
+    KERNEL_MIN_TILES_PER_SPLIT,
+    KERNEL_PROGRAMS_PER_SM,
+)
+
 LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one instruction (MUFU.EX2), exp is two
 
 
@@ -211,7 +210,7 @@ def choose_tile(group: int, head_dim: int, max_query_len: int, element_size: int
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return DEFAULT_SMS
+        return KERNEL_DEFAULT_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -221,10 +220,10 @@ def _interpreted() -> bool:
 
 
 def choose_splits(programs: int, max_kv_tiles: int, sms: int) -> int:
-    """How many programs share one tile's key range: enough for PROGRAMS_PER_SM programs on every
-    multiprocessor, no more than MIN_TILES_PER_SPLIT key tiles of the longest context each allows."""
-    want = -(-PROGRAMS_PER_SM * sms // max(1, programs))
-    return max(1, min(want, max_kv_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    """How many programs share one tile's key range: enough for KERNEL_PROGRAMS_PER_SM programs on every
+    multiprocessor, no more than KERNEL_MIN_TILES_PER_SPLIT key tiles of the longest context each allows."""
+    want = -(-KERNEL_PROGRAMS_PER_SM * sms // max(1, programs))
+    return max(1, min(want, max_kv_tiles // KERNEL_MIN_TILES_PER_SPLIT, KERNEL_MAX_SPLITS))
 
 
 @dataclass(frozen=True)
@@ -236,7 +235,7 @@ class Plan:
 
 def launch_plan(num_seqs: int, kv_heads: int, group: int, head_dim: int, element_size: int, block_size: int,
                 table_width: int, max_query_len: int, max_context_len: int | None = None,
-                num_splits: int | None = None, sms: int = DEFAULT_SMS) -> Plan:
+                num_splits: int | None = None, sms: int = KERNEL_DEFAULT_SMS) -> Plan:
     """The launch paged_attention_triton makes, from host ints only (benchmarks read it too)."""
     tile = choose_tile(group, head_dim, max_query_len, element_size)
     q_tiles = -(-max_query_len // tile.block_q)

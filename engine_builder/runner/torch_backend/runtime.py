@@ -37,10 +37,10 @@ from engine_builder.runner.torch_backend.device import check_utilization, device
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.model import ImageSplice, PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
+from engine_builder.runner.tunables import TORCH_KV_BLOCK_SIZE
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
-DEFAULT_BLOCK_SIZE = 16
 COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # on | off (default): steps through torch.compile
 
 
@@ -81,7 +81,7 @@ class TorchRuntime(Backend):
             attention = self._kernel
         self.model = TorchDecoder.from_dir(engine.path, device=self.device, dtype=self.dtype,
                                            max_positions=lim.max_seq_len, attention=attention, tp=tp)
-        block = engine.manifest.build.kv_block_size or DEFAULT_BLOCK_SIZE
+        block = engine.manifest.build.kv_block_size or TORCH_KV_BLOCK_SIZE
         # self.model.cfg: under tp this rank's heads, so its pools hold its KV heads only
         self.layout = PagedKVLayout.of(self.model.cfg, lim.max_seq_len, str(self.dtype).removeprefix("torch."),
                                        block_size=block)

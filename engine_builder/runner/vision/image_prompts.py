@@ -25,15 +25,16 @@ import numpy as np
 
 from engine_builder.runner.core.image_prompt import ImagePrompt
 from engine_builder.runner.engine import EngineDir
-from engine_builder.runner.vision.image_processor import preprocess
+from engine_builder.runner.tunables import IMAGE_FEATURES_CACHE_BYTES
 from engine_builder.runner.vision.image_limits import IMAGES_FLAG, ImageLimits
+from engine_builder.runner.vision.image_processor import preprocess
 from engine_builder.runner.vision.images import ImageSource, load_image
 from engine_builder.runner.vision.vision_session import VisionSession
 from engine_builder.util.errors import InputError, UnsupportedError
 
 
 class ImagePrompts:
-    features_cache_bytes = 64 << 20  # recent images' features kept (a 576-token CLIP-L image at 4,096 wide: 9 MB)
+    features_cache_bytes = IMAGE_FEATURES_CACHE_BYTES  # recent images' features kept
 
     def __init__(self, engine: EngineDir, limits: ImageLimits = ImageLimits(), threads: int | None = None,
                  bos_token_id: int | None = None, around: Sequence[int] = ()) -> None:

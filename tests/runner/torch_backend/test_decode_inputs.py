@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine_builder.formats.build_config import Limits
-from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.torch_backend.cuda_graphs import DecodeInputs, buckets
 from engine_builder.runner.torch_backend.runtime import TorchRuntime
 

@@ -168,7 +168,7 @@ def test_matches_reference_on_cuda(name):
     if spec.get("expect_split") is not None:  # the heuristic reads this GPU's multiprocessors, not the H200's 132
         from engine_builder.runner.torch_backend import paged_attention_triton as pat
 
-        if pat._sm_count(torch.device("cuda")) != pat.DEFAULT_SMS:
+        if pat._sm_count(torch.device("cuda")) != pat.KERNEL_DEFAULT_SMS:
             spec = {k: v for k, v in spec.items() if k != "expect_split"}
     _check(run_case(spec, list(CASES).index(name), "cuda"), spec)
 

@@ -37,8 +37,8 @@ from engine_builder.formats.checkpoint import WEIGHTS_FILE, CheckpointConfig
 from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.formats.quant_packing import pack_int4, unpack_int4
 from engine_builder.formats.quantization import Quantization
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.checkpoint_tensors import LazySafetensors
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary
 from engine_builder.util.errors import UnsupportedError
