@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP, verbose
+from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import TrtbuildError
 
@@ -36,6 +37,9 @@ def chat(
                                                     "prefills only what is new (onnxruntime backend).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
+    limit_mm_per_prompt: LimitMmPerPrompt = None,
+    max_image_bytes: MaxImageBytes = None,
+    max_image_pixels: MaxImagePixels = None,
 ) -> None:
     """Chat with the model: each line on stdin is a turn, the answer streams to stdout.
 
@@ -49,11 +53,13 @@ def chat(
     from engine_builder import LLM
     from engine_builder.runner.chat_session import ChatSession
     from engine_builder.runner.speculative.speculative_config import from_flags
+    from engine_builder.runner.vision.image_limits import image_limits_from_flags
 
     spec = from_flags(speculative, draft_engine, num_draft_tokens, engine_dir)  # checked before the engine loads
     memory = kv_cache_bytes(kv_cache_memory)
+    image_limits = image_limits_from_flags(limit_mm_per_prompt, max_image_bytes, max_image_pixels)
     llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache, kv_cache_memory=memory,
-              gpu_memory_utilization=gpu_memory_utilization)
+              gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

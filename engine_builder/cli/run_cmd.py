@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from engine_builder.cli.console import BACKEND_HELP
+from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
 from engine_builder.util.errors import InputError
 
@@ -72,6 +73,9 @@ def run(
     image: Annotated[list[Path] | None, typer.Option(
         "--image", help="An image for a vision-language engine (PNG, JPEG, WebP, GIF); repeat for several. Each "
                         "takes an image token's place in the prompt; with none there, the images go first.")] = None,
+    limit_mm_per_prompt: LimitMmPerPrompt = None,
+    max_image_bytes: MaxImageBytes = None,
+    max_image_pixels: MaxImagePixels = None,
 ) -> None:
     """Generate text from an engine dir (TensorRT on a supported GPU, else the ONNX twin on CPU).
 
@@ -89,6 +93,9 @@ def run(
     SamplingParams(**user)  # invalid values fail here, before the engine is loaded
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    from engine_builder.runner.vision.image_limits import image_limits_from_flags
+
+    image_limits = image_limits_from_flags(limit_mm_per_prompt, max_image_bytes, max_image_pixels)
     for path in image or ():
         if not path.is_file():
             raise InputError(f"--image {path} is not a file; give the path of a PNG, JPEG, WebP or GIF")
@@ -113,7 +120,7 @@ def run(
     from engine_builder.runner.llm import LLM
 
     llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache,
-              kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization)
+              kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits)
     params = llm.default_params(**user)
     if chat is None:  # an instruct model answers its template; llama.cpp's CLI applies it by default too
         chat = bool(getattr(llm.tokenizer, "chat_template", None))

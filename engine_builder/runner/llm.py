@@ -40,6 +40,8 @@ from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.block_admission import BlockAdmission
 from engine_builder.runner.scheduling.scheduler import SchedulerConfig
 from engine_builder.runner.speculative import SpeculativeConfig, SpeculativeDecode, speculative_decode
+from engine_builder.runner.tunables import PREFIX_CACHE_BYTES
+from engine_builder.runner.vision.image_limits import ImageLimits
 from engine_builder.util.errors import InputError, UnsupportedError
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "TokenStream"]
@@ -72,9 +74,9 @@ def _backend_and_tokenizer(engine: EngineDir, backend: str, threads: int | None)
 class LLM:
     def __init__(self, engine_dir: str | Path, backend: str = "auto", *, seed: int | None = None,
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
-                 prefix_cache_bytes: int = 256 << 20, speculative: SpeculativeConfig | str | None = None,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES, speculative: SpeculativeConfig | str | None = None,
                  kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None,
-                 gpu_memory_utilization: float | None = None) -> None:
+                 gpu_memory_utilization: float | None = None, image_limits: ImageLimits = ImageLimits()) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -96,7 +98,10 @@ class LLM:
         the tokens they get alone (runner/scheduling/block_admission.py, the server's scheduler); beam search
         reserves its beams' full length.
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
-        time, same tokens at temperature 0, same distribution when sampling (runner/speculative/)."""
+        time, same tokens at temperature 0, same distribution when sampling (runner/speculative/).
+        image_limits: what one request's images may be on a vision-language engine (images per prompt, bytes and
+        pixels of each: runner/vision/image_limits.py); more is an InputError."""
+        self._image_limits = image_limits
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
         SchedulerConfig(kv_budget_tokens=kv_budget_tokens)  # so does a bad budget (ConfigError)
         # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
@@ -349,7 +354,7 @@ class LLM:
             raise UnsupportedError(f"the {self.backend_name} backend does not run image inputs yet; run this "
                                    "vision-language engine with --backend onnxruntime")
         if self._image_prompts is None:
-            self._image_prompts = image_prompts_for(self.engine, self.tokenizer, self._threads)
+            self._image_prompts = image_prompts_for(self.engine, self.tokenizer, self._threads, self._image_limits)
         prepared = self._image_prompts.prepare_all(ids, images)
         return [p.ids if p is not None else i for p, i in zip(prepared, ids)], prepared
 

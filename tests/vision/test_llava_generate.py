@@ -143,6 +143,12 @@ def test_run_with_images_and_chat_with_images(llava, hf, tmp_path):
     assert out["token_ids"] == want
     assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", tmp_path / "missing.png"),
                       "--image", "is not a file")
+    # serve's image limits on run too: two images over a limit of one, an image over a byte limit (one line, exit 2)
+    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", path, "--image", path,
+                               "--limit-mm-per-prompt", '{"image": 1}'), "2 images", "at most 1")
+    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--image", path, "--max-image-bytes", "100"),
+                      "bytes")
+    assert_user_error(trtbuild("run", engine, "--prompt", "w7", "--limit-mm-per-prompt", "{"), "--limit-mm-per-prompt")
     inspect = trtbuild("inspect", engine, "--json")
     assert "clip tower (2 layers" in json.loads(inspect.stdout)["vision"] and "16 tokens per image" in inspect.stdout
     on_torch = trtbuild("run", engine, "--prompt", "w7 w8 w9", "--no-chat", "--image", path, "--max-new-tokens", "6",
