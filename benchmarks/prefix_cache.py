@@ -87,7 +87,7 @@ def main() -> None:
             print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()),
                   file=sys.stderr, flush=True)
         med = {k: round(statistics.median(v), 4) for k, v in times.items()}
-        stats = cached._generator.prefix_cache.stats()
+        stats = cached.generator.prefix_cache.stats()
         result = {"system_tokens": args.system_tokens, "runs": args.runs, "ttft_s": med,
                   "warm_over_cold_plain": round(med["plain_warm"] / med["plain_cold"], 3),
                   "warm_over_cold_cached": round(med["cached_warm"] / med["cached_cold"], 3),

@@ -30,7 +30,7 @@ def test_cached_prefixes_give_the_same_tokens_and_logprobs(tiny_engine, arch):
     want = [plain.generate(prompt_token_ids=[p], params=GREEDY)[0] for p in (a, b, a)]
     cached = LLM(engine, prefix_cache=True)
     got = [cached.generate(prompt_token_ids=[p], params=GREEDY)[0] for p in (a, b, a)]
-    stats = cached._generator.prefix_cache.stats()
+    stats = cached.generator.prefix_cache.stats()
     # a stores 3 blocks (45 prompt + 12 answer tokens); b reuses the first 2 (its first 37 tokens match) and adds
     # its third; a again reuses 2 and leaves 13 to prefill (its third block holds answer tokens)
     assert stats.blocks == 4 and stats.hit_tokens == 64
@@ -48,7 +48,7 @@ def test_the_executor_reuses_prefixes_under_chunked_prefill(tiny_engine):
         first = executor.submit(a, GREEDY).result()  # stores a's blocks once its prompt is in
         second = executor.submit(b, GREEDY).result()
     assert (first.token_ids, second.token_ids) == (want[0].token_ids, want[1].token_ids)
-    assert llm._generator.prefix_cache.stats().hit_tokens == 32
+    assert llm.generator.prefix_cache.stats().hit_tokens == 32
 
 
 def _kv(slots: int = 3) -> KVCacheManager:
@@ -118,4 +118,4 @@ def test_smollm2_chat_turns_sharing_a_system_prompt_answer_as_without_the_cache(
         assert got.token_ids == want.token_ids, question
         np.testing.assert_allclose([lp.logprob for lp in got.logprobs], [lp.logprob for lp in want.logprobs],
                                    atol=1e-4)
-    assert cached._generator.prefix_cache.stats().hit_tokens >= 2 * 32  # the system prompt's blocks, twice
+    assert cached.generator.prefix_cache.stats().hit_tokens >= 2 * 32  # the system prompt's blocks, twice
