@@ -3,7 +3,8 @@
 # benchmark and the decode benchmarks against HF transformers, logs under $OUT (benchmarks/results/ once
 # fetched). Run from the repository root: `bash benchmarks/gpu_run.sh [tests|kernel|smollm2|8b ...]` (all parts
 # by default; a device call is at most 10 minutes, so split them across calls). `tp` (not a default part: it
-# needs 2 GPUs, nvidia-h200-x2 or larger) runs the torch backend's tensor-parallel test, its ranks over NCCL.
+# needs 2 GPUs, nvidia-h200-x2 or larger) runs the torch backend's tensor-parallel test, its ranks over NCCL;
+# `profile` (not a default part either) the kernels of one decode step (benchmarks/gpu_step_profile.py).
 # The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
 # gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
 # to /tmp/site first.
@@ -32,7 +33,7 @@ for part in $PARTS; do
       TRTBUILD_TEST_DEVICE=cuda TRTBUILD_TORCH_COMPILE=off timeout ${TESTS_S:-240} python3 -m pytest -q -x \
         -p no:cacheprovider tests/runner/torch_backend/test_paged_attention_triton.py \
         tests/runner/torch_backend/test_decode_inputs.py tests/runner/torch_backend/test_torch_backend.py \
-        -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
+        tests/vision/test_torch_backend_images.py -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20 ;;
     tp)  # 2 ranks, one per GPU, NCCL between them, decode steps captured with their collectives in CUDA graphs
       TRTBUILD_TEST_DEVICE=cuda timeout ${TP_S:-300} python3 -m pytest -q -x -p no:cacheprovider \
@@ -41,6 +42,9 @@ for part in $PARTS; do
     kernel)
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;
+    profile)  # not a default part: the kernels of a decode step and the host around them (gpu_step_profile.py)
+      timeout ${PROFILE_S:-240} python3 benchmarks/gpu_step_profile.py --shape ${PROFILE_SHAPE:-smollm2} \
+        --json "$OUT/gpu-step-profile.json" 2>&1 | grep -v "^USDT" | tail -60 | tee "$OUT/gpu-step-profile.txt" ;;
     smollm2)
       timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 ${SMOLLM2_ARGS:-} --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-smollm2.txt" ;;

@@ -1,0 +1,128 @@
+"""Where a decode step's time goes on the GPU: the kernels of one step and the host's time around them.
+
+    python3 benchmarks/gpu_step_profile.py [--shape smollm2] [--batch 1 64] [--steps 32] [--top 15]
+                                           [--work /tmp/gpu-bench] [--json PATH]
+
+gpu_decode.py measured the torch backend at 326 tok/s on the SmolLM2 shape at batch 1 on the H200 (2026-12-02),
+3 ms a token where the weights' bytes take 0.06 ms, while our loop's own Python is ~0.1 ms a token (a tiny model on
+the CPU: 0.08 of a decode step outside Backend.forward). This says what the rest is. Over gpu_decode.py's seeded
+random engine of --shape, with LLM(engine, backend="torch"), per --batch:
+
+    kernels   a decode of --steps tokens under torch.profiler (CPU and CUDA activities): kernels per decode step
+              (a CUDA-graph replay's launches included), GPU time per step (the kernels' sum) beside the host's
+              wall per step, and the --top kernels by total time with their launches per step: what fusing
+              (norm + residual, rope + KV write, the MLP's activation) would take away
+    loop      LLM.last_timings of an unprofiled run: decode ms per token and the share outside Backend.forward
+
+On a machine without a GPU (a smoke run: --shape tiny) the CPU ops stand where the kernels would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_decode import DEVICE, SHAPES, engine_dir, environment, log, prompts, sync, write_hf_dir  # noqa: E402
+
+
+def _device_us(event) -> float:
+    """An averaged event's own device time in µs (the field's name changed across torch versions)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(event, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def profile_steps(llm, ids: list[list[int]], steps: int, top: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True, temperature=0.0)
+    llm.generate(prompt_token_ids=ids, params=params)  # warm: graphs captured, kernels compiled
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    sync()
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        llm.generate(prompt_token_ids=ids, params=params)
+        sync()
+    wall = time.perf_counter() - started
+    events = prof.key_averages()
+    if DEVICE == "cuda":
+        kernels = [e for e in events if _device_us(e) > 0 and not e.key.startswith("cuda")]
+        timed = [(e.key, _device_us(e), e.count) for e in kernels]
+    else:  # the CPU's own ops (leaf aten ops) stand for kernels
+        timed = [(e.key, float(e.self_cpu_time_total), e.count) for e in events
+                 if e.key.startswith("aten::") and e.self_cpu_time_total > 0]
+    timed.sort(key=lambda t: -t[1])
+    total_us = sum(t[1] for t in timed)
+    # the prefill is one step of the steps + 1 the run made: every figure is per step of the whole run
+    per = steps + 1
+    return {
+        "steps": per, "kernels_per_step": round(sum(t[2] for t in timed) / per, 1),
+        "device_ms_per_step": round(total_us / 1e3 / per, 4), "host_wall_ms_per_step": round(1e3 * wall / per, 4),
+        "top": [{"kernel": k[:120], "ms_per_step": round(us / 1e3 / per, 4), "launches_per_step": round(n / per, 2),
+                 "share": round(us / total_us, 4) if total_us else 0.0} for k, us, n in timed[:top]],
+    }
+
+
+def loop_split(llm, ids: list[list[int]], steps: int) -> dict:
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True, temperature=0.0)
+    walls = []
+    for _ in range(3):
+        sync()
+        started = time.perf_counter()
+        llm.generate(prompt_token_ids=ids, params=params)
+        walls.append(time.perf_counter() - started)
+    t = llm.last_timings
+    return {"wall_ms_per_token": round(1e3 * statistics.median(walls) / (steps + 1), 4),
+            "decode_ms_per_step": round(1e3 * t.decode_seconds / max(1, t.decode_steps), 4),
+            "outside_forward_share": round(t.overhead_share, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from engine_builder import LLM
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    out: dict = {"environment": environment(), "shape": args.shape, "runs": {}}
+    log(out["environment"])
+    hf = write_hf_dir(args.shape, args.work / f"{args.shape}-hf")
+    engine = engine_dir(hf, args.work, args.shape, max(64, max(args.batch)), drop_ckpt=False)
+    llm = LLM(engine, backend="torch", verify=False)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    for batch in args.batch:
+        ids = prompts(vocab, batch, 16, seed=batch)
+        run = {"kernels": profile_steps(llm, ids, args.steps, args.top), "loop": loop_split(llm, ids, args.steps)}
+        out["runs"][f"b{batch}"] = run
+        k = run["kernels"]
+        log(f"b{batch}: {k['kernels_per_step']} kernels/step, device {k['device_ms_per_step']} ms/step, host wall "
+            f"{k['host_wall_ms_per_step']} ms/step (profiled); unprofiled {run['loop']['wall_ms_per_token']} ms/token, "
+            f"outside forward {run['loop']['outside_forward_share']}")
+        for row in k["top"]:
+            log(f"   {row['ms_per_step']:9.4f} ms/step  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  "
+                f"{row['kernel']}")
+    llm.close()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
