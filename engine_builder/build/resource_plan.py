@@ -31,6 +31,7 @@ from engine_builder.build.ort_prepack import prepacked_twin_wanted
 from engine_builder.build.preflight import RTX_TARGETS, trt_flavour
 from engine_builder.build.target_check import FP8_CAPABLE
 from engine_builder.formats.build_config import BuildConfig
+from engine_builder.formats.device_plan import plan_device
 from engine_builder.formats.graph_io import KVCacheLayout
 from engine_builder.formats.memory_plan import GB, machine_memory, plan_engine
 from engine_builder.formats.model_config import ModelConfig
@@ -77,6 +78,8 @@ class ResourcePlan:
     machine_bytes: int
     machine_source: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the torch backend on one GPU (formats/device_plan.py): its figures, where the GPU's size came from, a line
+    torch_gpu: dict[str, Any] | None = None
 
     @property
     def fits_here(self) -> bool:
@@ -160,9 +163,11 @@ def peaks(model: ModelConfig, tensors: dict[str, tuple[int, ...]], source_kind: 
 
 def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = "none",
                    group_size: int | None = None, lm_head: str | None = None, kv_cache: str = "none",
-                   dtype: str = "auto", exclude: tuple[str, ...] = ()) -> ResourcePlan:
+                   dtype: str = "auto", exclude: tuple[str, ...] = (),
+                   gpu: tuple[int, float, int, str] | None = None) -> ResourcePlan:
     """The plan of `trtbuild convert SRC --quant ...` then `trtbuild build` with CONFIG; SRC may also be a
-    checkpoint dir (then the convert figures are of what it already is)."""
+    checkpoint dir (then the convert figures are of what it already is). gpu: (bytes, utilization, reserve, where
+    the size came from) of the GPU the torch backend's plan is made for."""
     from converters.quantize.quant_options import QuantOptions
     from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
 
@@ -213,6 +218,11 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
     float32_bytes = sum(_float_bytes(s, "float32") for s in tensors.values())
     prepacked = 2 * float32_bytes if prepacked_twin_wanted(choice.twin, q.scheme, float32_bytes) else 0
     budget, where = machine_memory()
+    torch_gpu = None
+    if gpu is not None:
+        device = plan_device(model, limits, choice.engine, gpu[0], utilization=gpu[1], reserve=gpu[2],
+                             block_size=config.kv_block_size)
+        torch_gpu = {**device.to_json(), "source": gpu[3], "line": device.describe()}
     return ResourcePlan(
         source=str(src), model={"architecture": model.architecture, "layers": model.num_layers,
                                 "hidden": model.hidden_size, "vocab": model.vocab_size, "source": kind},
@@ -230,7 +240,7 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
         kv_bytes_per_token=kv_per_token, kv_cache_bytes=kv_bytes, runtime_bytes=runtime,
         limits={"max_batch": limits.max_batch, "max_input_len": limits.max_input_len,
                 "max_seq_len": limits.max_seq_len},
-        targets=targets, machine_bytes=budget, machine_source=where, notes=tuple(notes))
+        targets=targets, machine_bytes=budget, machine_source=where, notes=tuple(notes), torch_gpu=torch_gpu)
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -265,6 +275,8 @@ def describe(plan: ResourcePlan) -> list[str]:
                      f"{lim['max_seq_len']}; running needs ~{plan.runtime_bytes[target] / MB:.0f} MB")
     for t in plan.targets:
         lines.append(f"{t.target}: {'yes' if t.ok else 'no'}, {t.runs_on}" + (f" ({t.why})" if t.why else ""))
+    if plan.torch_gpu is not None:
+        lines.append(f"torch backend {plan.torch_gpu['line']} ({plan.torch_gpu['source']})")
     lines.append(f"this machine: {plan.machine_bytes / GB:.1f} GB ({plan.machine_source}): "
                  + ("fits" if plan.fits_here else "DOES NOT FIT: lower the limits or use a larger machine"))
     return [*lines, *plan.notes]

@@ -10,15 +10,19 @@ import typer
 from rich.table import Table
 
 from engine_builder.cli.console import print_json, stdout
+from engine_builder.cli.kv_options import GpuMemory, GpuMemoryUtilization, gpu_target
 from engine_builder.formats.manifest import EngineManifest
 from engine_builder.formats.moe_layout import describe_moe
 
 
 def inspect(
     engine_dir: Annotated[Path, typer.Argument(help="Engine dir from `trtbuild build`.")],
+    gpu_memory: GpuMemory = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
-    """Show what an engine dir holds and whether it can run on this machine (decided without loading it)."""
+    """Show what an engine dir holds and whether it can run on this machine (decided without loading it), and
+    the torch backend's GPU memory for it (weights, activations, the KV pool and the tokens it holds)."""
     from engine_builder.runner.engine_summary import (
         describe_quantization,
         describe_vision,
@@ -35,6 +39,7 @@ def inspect(
     from engine_builder.runner.torch_backend.registered import torch_verdict
 
     torch_ok, torch_why = torch_verdict(m, Path(engine_dir), asked=False)
+    gpu = _torch_gpu(m, gpu_memory, gpu_memory_utilization)
     if as_json:
         from engine_builder.cli.json_summary import pass_counts, tensorrt_summary
 
@@ -50,7 +55,7 @@ def inspect(
                     "vision": describe_vision(m.model) if m.model is not None else None,
                     "integrity": integrity,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
-                                "torch": {"ok": torch_ok, "reason": torch_why},
+                                "torch": {"ok": torch_ok, "reason": torch_why, "gpu": gpu},
                                 "onnxruntime": {"ok": summary.onnxruntime_ok}},
                     "details": str(Path(engine_dir) / "config.json")}, one_line_values=True)
         return
@@ -93,12 +98,27 @@ def inspect(
                   "tp/pp engines run their segments' onnxruntime twins; the TensorRT segment engines are built, "
                   "not yet run")
     table.add_row("torch here", torch_why)
+    if gpu is not None:
+        table.add_row("torch GPU memory", f"{gpu['line']} ({gpu['source']})")
     if m.mapping is not None:  # tp/pp: a graph per rank and segment, run by one process per rank
         table.add_row("onnxruntime here", f"ok: tp={m.mapping.tp} x pp={m.mapping.pp} ranks, their segments on CPU "
                       f"(`trtbuild run {engine_dir}` spawns them, or torchrun --nproc-per-node {m.mapping.world_size})")
     else:
         table.add_row("onnxruntime here", "ok: model.onnx runs on CPU" if summary.onnxruntime_ok else "no model.onnx")
     stdout.print(table)
+
+
+def _torch_gpu(m: EngineManifest, gpu_memory: str | None, utilization: float | None) -> dict | None:
+    """The torch backend's memory plan for this engine dir on the given or this machine's GPU (one-GPU decoders)."""
+    if m.model is None or m.model.encoder is not None or m.mapping is not None:
+        return None
+    from engine_builder.formats.device_plan import plan_device
+
+    gpu = gpu_target(gpu_memory, utilization)
+    lim = m.build.limits
+    plan = plan_device(m.model, lim, m.build.dtype, gpu.device_bytes, utilization=gpu.utilization,
+                       reserve=gpu.reserve, block_size=m.build.kv_block_size or 16)
+    return {**plan.to_json(), "source": gpu.source, "line": plan.describe()}
 
 
 def _precision(m: EngineManifest) -> dict[str, str] | None:

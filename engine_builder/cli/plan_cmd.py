@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from engine_builder.cli.console import print_json, stdout
+from engine_builder.cli.kv_options import GpuMemory, GpuMemoryUtilization, gpu_target
 
 
 def plan(
@@ -24,11 +25,14 @@ def plan(
     max_batch: Annotated[int | None, typer.Option(help="As `trtbuild build`.")] = None,
     max_input_len: Annotated[int | None, typer.Option(help="As `trtbuild build`.")] = None,
     max_seq_len: Annotated[int | None, typer.Option(help="As `trtbuild build`.")] = None,
+    gpu_memory: GpuMemory = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable plan.")] = False,
 ) -> None:
     """Predict what converting and building SRC takes, before any work: peak RAM of convert and build, the
-    checkpoint's and engine dir's sizes, KV cache bytes per token and for the limits, and which targets and
-    compute capabilities can run it.
+    checkpoint's and engine dir's sizes, KV cache bytes per token and for the limits, which targets and
+    compute capabilities can run it, and the torch backend's GPU memory (weights, activations, the KV pool and
+    the tokens it holds).
 
     Example: trtbuild plan model.gguf --quant int4_awq --group-size 64 --max-seq-len 4096
     """
@@ -42,8 +46,9 @@ def plan(
     config = apply_overrides(BuildConfig(), {k: v for k, v in flags.items() if v is not None})
     config.validate()
     check_compute_capabilities(config)
+    gpu = gpu_target(gpu_memory, gpu_memory_utilization)
     result = plan_resources(src, config, quant=quant, group_size=group_size, lm_head=lm_head, kv_cache=kv_cache,
-                            dtype=dtype)
+                            dtype=dtype, gpu=(gpu.device_bytes, gpu.utilization, gpu.reserve, gpu.source))
     if as_json:
         print_json({**dataclasses.asdict(result), "fits_here": result.fits_here}, one_line_values=True)
         return

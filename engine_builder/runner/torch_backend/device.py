@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from engine_builder.formats.device_plan import check_utilization
 from engine_builder.runner.kv.block_pool import available_ram
 from engine_builder.runner.tunables import ACTIVATION_RESERVE, DEFAULT_GPU_MEMORY_UTILIZATION, HOST_KV_RAM_FRACTION
 from engine_builder.util.errors import InputError
@@ -21,11 +22,6 @@ def torch_device() -> torch.device:
 
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
-
-
-def check_utilization(utilization: float) -> None:
-    if not 0 < utilization <= 1:
-        raise InputError(f"gpu_memory_utilization (--gpu-memory-utilization) must be in (0, 1], got {utilization}")
 
 
 def device_memory_budget(device: torch.device, utilization: float | None = None) -> int:

@@ -39,6 +39,18 @@ def cuda_devices() -> int:
     return count.value
 
 
+@functools.cache
+def cuda_total_memory() -> int | None:
+    """Bytes of CUDA device 0 (None without a driver or a device), asked without importing torch."""
+    if not cuda_devices():
+        return None
+    lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    device, total = ctypes.c_int(0), ctypes.c_size_t(0)
+    if lib.cuDeviceGet(ctypes.byref(device), 0) != 0 or lib.cuDeviceTotalMem_v2(ctypes.byref(total), device) != 0:
+        return None
+    return total.value
+
+
 def torch_verdict(manifest: EngineManifest, path: Path, asked: bool) -> tuple[bool, str]:
     """Can the torch backend run the engine dir at PATH here (asked: named by --backend torch, so a CPU will do)
     and why; from the manifest and the host alone (`trtbuild inspect` shows it)."""
