@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.core.model_input import ImageEmbeds, ModelInput
 from engine_builder.runner.request_state import Event, RequestState
 
 if TYPE_CHECKING:
@@ -70,10 +70,10 @@ def supported(generator: Generator) -> bool:
 
 def whole_prefill(generator: Generator, r: RequestState, tokens: int) -> bool:
     """Does feeding `tokens` now finish r's prefill, on the plain path (no prompt scoring)? Only such requests
-    are batched: the first token is sampled right after the call (a beam search's first step and a prompt with
-    images run alone)."""
-    return (r.prompt_logprobs is None and r.beams is None and r.image is None
-            and tokens >= generator.prefill_remaining(r) > 0)
+    are batched: the first token is sampled right after the call (a beam search's first step runs alone). A prompt
+    with images is one of them: its row's features go into the call (an image is then whole in it, as Gemma 3's
+    both-ways image attention needs)."""
+    return r.prompt_logprobs is None and r.beams is None and tokens >= generator.prefill_remaining(r) > 0
 
 
 def start(generator: Generator, r: RequestState) -> int:
@@ -132,7 +132,8 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
         if r.sampling.grammar is not None:
             r.sampling.grammar.prefetch()
     slots = np.fromiter(contexts, np.int64, len(contexts))
-    batch = ModelInput.ragged(slots, [np.asarray(c, np.int64) for c in contexts.values()], kv.lengths[slots])
+    batch = ModelInput.ragged(slots, [np.asarray(c, np.int64) for c in contexts.values()], kv.lengths[slots],
+                              images=_row_images(by_slot, starts, lengths))
     logits = generator.run_step(batch)  # [n, vocab]: each row's last token (a slot engine pads rows to `width`)
     for r in by_slot:
         kv.advance(r.slot, len(contexts[r.slot]))
@@ -142,3 +143,17 @@ def prefill_together(generator: Generator, requests: Sequence[RequestState], eve
     for r, token, lp in zip(by_slot, sample.token_ids, sample.logprobs):
         generator.accept(r, int(token), lp, events)
     return (hi - lo) * width
+
+
+def _row_images(by_slot: Sequence[RequestState], starts: dict[int, int], lengths: Sequence[int]) -> ImageEmbeds | None:
+    """The image features of the call's rows (token_index into their tokens back to back), or None."""
+    at, embeds, offset = [], [], 0
+    for r, n in zip(by_slot, lengths):
+        if r.image is not None:
+            index, features = r.image.features_for(starts[r.slot], starts[r.slot] + n)
+            at.append(index + offset)
+            embeds.append(features)
+        offset += n
+    if not at or not sum(len(a) for a in at):
+        return None
+    return ImageEmbeds(np.concatenate(at), np.concatenate(embeds))

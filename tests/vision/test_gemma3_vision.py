@@ -399,3 +399,22 @@ def test_prompt_logprobs_of_an_image_longer_than_a_scoring_call_are_refused_in_o
         with pytest.raises(UnsupportedError, match="20 image positions' logits from one engine call.*returns 16"):
             llm.generator.new_request(0, ids, SamplingParams(max_new_tokens=1, prompt_logprobs=0), image)
         llm.generator.new_request(0, ids, SamplingParams(max_new_tokens=1), image)  # without scoring: taken
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_image_prompts_prefilled_in_one_call_answer_as_alone(spliced_engine, backend):
+    """Two Gemma 3 image prompts of one width share a prefill call: each image's tokens attend both ways within
+    their own row only, and each answer is the one it gets alone (alone: transformers' tokens, tests above)."""
+    pngs = []
+    for seed in (31, 32):
+        buffer = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (40, 48, 3), np.uint8)).save(buffer, "PNG")
+        pngs.append(buffer.getvalue())
+    prompts, params = [image_prompt(33), image_prompt(34)], SamplingParams(temperature=0, max_new_tokens=STEPS,
+                                                                            ignore_eos=True)
+    with LLM(spliced_engine, backend=backend, prefix_cache=False) as llm:
+        together = llm.generate(prompt_token_ids=prompts, params=params, images=[[p] for p in pngs])
+        assert llm.generator.admission.prefills.batched_requests == 2
+        alone = [llm.generate(prompt_token_ids=[p], params=params, images=[[png]])[0] for p, png in zip(prompts, pngs)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert together[0].token_ids != together[1].token_ids

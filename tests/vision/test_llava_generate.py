@@ -93,6 +93,25 @@ def test_image_and_text_requests_in_one_generate_equal_transformers(llava, hf, l
     assert llm.backend.kv.num_free == LIMITS.max_batch
 
 
+@pytest.mark.parametrize("layout", ["slot", "paged"])
+def test_image_prompts_prefill_together_in_one_call(llava, hf, layout):
+    """Short prompts admitted together share one prefill call (scheduling/prefill_groups.py), images and all: each
+    row's features go in at its own positions, and every answer is transformers' and its own alone."""
+    engine = llava[1] if layout == "slot" else llava[2]
+    llm = LLM(engine, backend="onnxruntime", prefix_cache=False)
+    text = [COMMON["bos_token_id"], *np.random.default_rng(24).integers(3, IMAGE_TOKEN, 24).tolist()]
+    prompts, images = [prompt(21), prompt(22), text], [[png(20)], [png(21, size=(50, 40))], []]
+    assert len({len(p) + (TOKENS - 1) * len(i) for p, i in zip(prompts, images)}) == 1  # rows of one width
+    want = [hf_generate(hf, p, i) for p, i in zip(prompts, images)]
+    got = llm.generate(prompt_token_ids=prompts, params=GREEDY, images=images)
+    prefills = llm.generator.admission.prefills
+    assert prefills.batched_calls >= 1 and prefills.batched_requests >= 2  # an image prompt shared a call
+    assert [list(o.token_ids) for o in got] == want
+    alone = [llm.generate(prompt_token_ids=[p], params=GREEDY, images=[i])[0].token_ids
+             for p, i in zip(prompts, images)]
+    assert [list(a) for a in alone] == want
+
+
 def test_a_repeated_image_reuses_its_blocks_and_another_image_shares_none(llava, hf):
     llm = LLM(llava[1], backend="onnxruntime")
     cache = llm.generator.prefix_cache

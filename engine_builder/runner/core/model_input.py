@@ -30,7 +30,7 @@ class ImageEmbeds:
 class ModelInput:
     token_ids: np.ndarray  # [num_tokens] int64: every sequence's new tokens, back to back
     positions: np.ndarray  # [num_tokens] int64: each token's position in its sequence
-    query_start: np.ndarray  # [num_seqs + 1] int64: sequence i's tokens are token_ids[query_start[i]:query_start[i + 1]]
+    query_start: np.ndarray  # [num_seqs + 1] int64: sequence i: token_ids[query_start[i]:query_start[i + 1]]
     context_lens: np.ndarray  # [num_seqs] int64: positions each sequence holds once this step's tokens are written
     slots: np.ndarray  # [num_seqs] int64: the KV cache slot (the KV manager's sequence id) of each sequence
     logits_indices: np.ndarray  # [num_logits] int64: flat token indices whose logits come back, in this order
@@ -58,8 +58,10 @@ class ModelInput:
                    slots=slots.astype(np.int64, copy=False), logits_indices=at)
 
     @classmethod
-    def ragged(cls, slots: np.ndarray, tokens: list[np.ndarray], lengths: np.ndarray) -> ModelInput:
-        """Each sequence's tokens written at its slot's length; the logits of each one's last token."""
+    def ragged(cls, slots: np.ndarray, tokens: list[np.ndarray], lengths: np.ndarray,
+               images: ImageEmbeds | None = None) -> ModelInput:
+        """Each sequence's tokens written at its slot's length; the logits of each one's last token. images: the
+        features of image positions, their token_index into the tokens back to back."""
         lens = np.fromiter((len(t) for t in tokens), np.int64, len(tokens))
         start = np.zeros(len(tokens) + 1, np.int64)
         np.cumsum(lens, out=start[1:])
@@ -67,7 +69,7 @@ class ModelInput:
         positions = lengths[seq_of] + np.arange(int(start[-1]), dtype=np.int64) - start[seq_of]
         return cls(token_ids=np.concatenate(tokens).astype(np.int64, copy=False), positions=positions,
                    query_start=start, context_lens=lengths + lens, slots=slots.astype(np.int64, copy=False),
-                   logits_indices=start[1:] - 1)
+                   logits_indices=start[1:] - 1, images=images)
 
     @classmethod
     def rows(cls, first_slot: int, input_ids: np.ndarray, lengths: np.ndarray, logits: int = 1,
