@@ -53,9 +53,9 @@ def inspect(
                     "files": summary.files,
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
                     "vision": describe_vision(m.model) if m.model is not None else None,
-                    "integrity": integrity,
+                    "integrity": integrity, "torch_gpu": gpu,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
-                                "torch": {"ok": torch_ok, "reason": torch_why, "gpu": gpu},
+                                "torch": {"ok": torch_ok, "reason": torch_why},
                                 "onnxruntime": {"ok": summary.onnxruntime_ok}},
                     "details": str(Path(engine_dir) / "config.json")}, one_line_values=True)
         return

@@ -47,7 +47,7 @@ def _numel(shape) -> int:
 def test_inspect_and_plan_show_it_for_the_gpu_asked(engine, tiny_model_dir):
     proc = trtbuild("inspect", engine, "--gpu-memory", "2GiB", "--gpu-memory-utilization", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
-    gpu = json.loads(proc.stdout)["verdict"]["torch"]["gpu"]
+    gpu = json.loads(proc.stdout)["torch_gpu"]
     e = EngineDir.load(engine, verify=False)
     want = plan_device(e.model, e.limits, "float32", 2 * GIB, utilization=0.5, reserve=2 * GIB)
     assert (gpu["device_bytes"], gpu["utilization"], gpu["source"]) == (2 * GIB, 0.5, "--gpu-memory")
