@@ -245,7 +245,7 @@ class Generator:
 
     def prefill_remaining(self, r: RequestState) -> int:
         """Prompt tokens of an admitted request not yet in its slot (0 once its first token is sampled)."""
-        return 0 if r.token_ids else len(r.prompt_ids) - self.backend.kv.length(r.slot)
+        return r.prefill_remaining(self.backend.kv)
 
     def load_cached_prefix(self, r: RequestState) -> int:
         """Where r's next prefill chunk starts: its slot's length, after copying the prompt's cached blocks into

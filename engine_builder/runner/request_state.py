@@ -78,6 +78,10 @@ class RequestState:
         """The KV slots this request holds: one per beam, or its one slot (none when it holds none)."""
         return self.beam_slots or (() if self.slot is None else (self.slot,))
 
+    def prefill_remaining(self, kv: KVCache) -> int:
+        """Prompt tokens not yet in this request's slot (0 once its first token is sampled)."""
+        return 0 if self.token_ids else len(self.prompt_ids) - kv.length(self.slot)
+
     def take_slots(self, slots: tuple[int, ...]) -> None:
         """Hold these KV slots (KVCache.allocate_sequences): one, or a beam search's one per beam."""
         self.slot, self.beam_slots = slots[0], (slots if len(slots) > 1 else ())

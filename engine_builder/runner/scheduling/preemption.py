@@ -46,7 +46,7 @@ class Resumes:
         + generated tokens for a resumed one until its recompute has sampled the next token, else 0."""
         at = self._at.get(r.index)
         if at is None:
-            return 0 if r.token_ids else len(r.prompt_ids) - self.kv.length(r.slot)
+            return r.prefill_remaining(self.kv)
         if len(r.token_ids) > at:  # recomputed: its next token came from the prefill, it decodes from here
             del self._at[r.index]
             return 0
