@@ -222,7 +222,7 @@ def plan_resources(src: Path, config: BuildConfig = BuildConfig(), quant: str = 
     if gpu is not None:
         device = plan_device(model, limits, choice.engine, gpu[0], utilization=gpu[1], reserve=gpu[2],
                              block_size=config.kv_block_size)
-        torch_gpu = {**device.to_json(), "source": gpu[3], "line": device.describe()}
+        torch_gpu = device.shown(gpu[3])
     return ResourcePlan(
         source=str(src), model={"architecture": model.architecture, "layers": model.num_layers,
                                 "hidden": model.hidden_size, "vocab": model.vocab_size, "source": kind},

@@ -118,7 +118,7 @@ def _torch_gpu(m: EngineManifest, gpu_memory: str | None, utilization: float | N
     lim = m.build.limits
     plan = plan_device(m.model, lim, m.build.dtype, gpu.device_bytes, utilization=gpu.utilization,
                        reserve=gpu.reserve, block_size=m.build.kv_block_size or 16)
-    return {**plan.to_json(), "source": gpu.source, "line": plan.describe()}
+    return plan.shown(gpu.source)
 
 
 def _precision(m: EngineManifest) -> dict[str, str] | None:

@@ -64,6 +64,10 @@ class DevicePlan:
         return head + (f"KV pool {self.kv_pool / GIB:.2f} GiB = {self.kv_tokens:,} tokens "
                        f"({self.full_sequences:,} sequences of max_seq_len {self.max_seq_len})")
 
+    def shown(self, source: str) -> dict:
+        """What inspect and plan print and give as JSON: the figures, where the GPU's size came from, the line."""
+        return {**self.to_json(), "source": source, "line": self.describe()}
+
     def to_json(self) -> dict:
         return {"device_bytes": self.device_bytes, "utilization": self.utilization, "dtype": self.dtype,
                 "weights_bytes": self.weights, "reserve_bytes": self.reserve, "kv_pool_bytes": self.kv_pool,

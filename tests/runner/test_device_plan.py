@@ -5,6 +5,7 @@ reserve, in whole blocks, and the tokens it holds follow from the engine's KV la
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from cli_process import assert_user_error, trtbuild
@@ -25,7 +26,7 @@ def engine(tiny_engine):
 def test_the_plan_counts_the_engine_dirs_tensors_and_leaves_the_rest_to_the_pool(engine):
     e = EngineDir.load(engine, verify=False)
     with safe_open(engine / "rank0.safetensors", "np") as f:  # a float32 checkpoint: 4 bytes an element
-        elements = sum(_numel(f.get_slice(name).get_shape()) for name in f.keys())
+        elements = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     plan = plan_device(e.model, e.limits, "bfloat16", GIB, utilization=0.5, reserve=64 << 20)
     assert plan.weights == 2 * elements
     layout = PagedKVLayout.of(e.model, e.limits.max_seq_len, "bfloat16", block_size=16)
@@ -35,13 +36,6 @@ def test_the_plan_counts_the_engine_dirs_tensors_and_leaves_the_rest_to_the_pool
     assert plan.full_sequences == plan.kv_tokens // e.limits.max_seq_len and plan.fits
     small = plan_device(e.model, e.limits, "bfloat16", 64 << 20, utilization=0.9, reserve=64 << 20)
     assert not small.fits and small.kv_pool == 0 and "DOES NOT FIT" in small.describe()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def test_inspect_and_plan_show_it_for_the_gpu_asked(engine, tiny_model_dir):
