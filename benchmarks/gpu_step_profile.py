@@ -41,13 +41,14 @@ def _device_us(event) -> float:
     return 0.0
 
 
-def profile_steps(llm, ids: list[list[int]], steps: int, top: int) -> dict:
+def profile_steps(llm, ids: list[list[int]], steps: int, top: int, warm: list[list[int]] | None = None) -> dict:
+    """Kernels of a generate of STEPS + 1 tokens over IDS (WARM: the prompts of the warm-up run, default IDS)."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine_builder.runner.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True, temperature=0.0)
-    llm.generate(prompt_token_ids=ids, params=params)  # warm: graphs captured, kernels compiled
+    llm.generate(prompt_token_ids=warm or ids, params=params)  # warm: graphs captured, kernels compiled
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
     sync()
     started = time.perf_counter()
@@ -90,6 +91,36 @@ def loop_split(llm, ids: list[list[int]], steps: int) -> dict:
             "outside_forward_share": round(t.overhead_share, 4)}
 
 
+def profile_prefill(llm, vocab: int, top: int) -> dict:
+    """A prompt's first token: 1,024 tokens cold, and 24 new tokens after a 1,000-token prefix the radix tree
+    holds (gpu_decode.py's prefix-hit figure), each one step (max_new_tokens=1)."""
+    system, tails = prompts(vocab, 1, 1000, seed=21)[0], prompts(vocab, 3, 24, seed=22)
+    cold = prompts(vocab, 2, 1024, seed=23)
+    return {"cold_1024": profile_steps(llm, cold[1:], 0, top, warm=cold[:1]),
+            "hit_1000_plus_24": profile_steps(llm, [system + tails[1]], 0, top, warm=[system + tails[0]])}
+
+
+def host_profile(llm, ids: list[list[int]], steps: int, top: int) -> list[dict]:
+    """The host's own time in a decode of STEPS + 1 tokens under cProfile: the --top functions by their own time
+    per step (a wait for the GPU shows as the time of the call that synchronizes, e.g. Tensor.cpu)."""
+    import cProfile
+    import pstats
+
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True, temperature=0.0)
+    llm.generate(prompt_token_ids=ids, params=params)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llm.generate(prompt_token_ids=ids, params=params)
+    profiler.disable()
+    rows = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, ..)
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][2])[:top]
+    per = steps + 1
+    return [{"function": f"{Path(f).name}:{line}({name})", "own_ms_per_step": round(1e3 * own / per, 4),
+             "calls_per_step": round(calls / per, 2)} for (f, line, name), (_, calls, own, _, _) in ranked]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
@@ -110,7 +141,8 @@ def main() -> None:
     vocab = SHAPES[args.shape]["vocab_size"]
     for batch in args.batch:
         ids = prompts(vocab, batch, 16, seed=batch)
-        run = {"kernels": profile_steps(llm, ids, args.steps, args.top), "loop": loop_split(llm, ids, args.steps)}
+        run = {"kernels": profile_steps(llm, ids, args.steps, args.top), "loop": loop_split(llm, ids, args.steps),
+               "host": host_profile(llm, ids, args.steps, args.top)}
         out["runs"][f"b{batch}"] = run
         k = run["kernels"]
         log(f"b{batch}: {k['kernels_per_step']} kernels/step, device {k['device_ms_per_step']} ms/step, host wall "
@@ -119,6 +151,18 @@ def main() -> None:
         for row in k["top"]:
             log(f"   {row['ms_per_step']:9.4f} ms/step  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  "
                 f"{row['kernel']}")
+        log(f"b{batch} host, own time per step (cProfile):")
+        for row in run["host"]:
+            log(f"   {row['own_ms_per_step']:9.4f} ms/step  {row['calls_per_step']:7.2f}x  {row['function']}")
+    out["prefill"] = profile_prefill(llm, vocab, args.top)
+    if llm.backend.compiled is not None:  # TRTBUILD_TORCH_COMPILE=on: compiled in the first runs' warm-up
+        out["torch_compile_s"] = round(llm.backend.compiled.seconds, 2)
+        log(f"torch.compile: {out['torch_compile_s']} s")
+    for name, k in out["prefill"].items():
+        log(f"prefill {name}: {k['kernels_per_step']} kernels, device {k['device_ms_per_step']} ms, host wall "
+            f"{k['host_wall_ms_per_step']} ms (profiled)")
+        for row in k["top"][:8]:
+            log(f"   {row['ms_per_step']:9.4f} ms  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  {row['kernel']}")
     llm.close()
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

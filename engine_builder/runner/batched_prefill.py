@@ -105,7 +105,7 @@ def pool_has_room(generator: Generator, starts: dict[int, int], width: int) -> b
     reservation; past it the table points at the scratch block)? The scheduler grew each row for its own tokens
     only. Always True for the slot layout (a slot holds max_seq positions)."""
     kv = generator.backend.kv
-    return sum(kv.blocks_to_grow(slot, at + width) for slot, at in starts.items()) <= kv.available_blocks()
+    return kv.has_blocks(sum(kv.blocks_to_grow(slot, at + width) for slot, at in starts.items()))
 
 
 def prefill_together(generator: Generator, requests: Sequence[RequestState], events: list[Event]) -> int:

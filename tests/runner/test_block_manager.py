@@ -175,3 +175,21 @@ def test_random_operations_leak_no_block(ops):
     m.tree.clear()
     assert m.pool.num_free == m.pool.num_blocks - 1
     assert m.pool.refcount[1:].sum() == 0
+
+
+def test_has_blocks_answers_as_available_blocks_does():
+    """has_blocks(n) asks the free blocks first and walks the radix tree only when they are short: the same answer
+    as n <= available_blocks() with free, mapped and cached-but-evictable blocks in the pool."""
+    from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
+
+    kv = PagedKVCacheManager(LAYOUT, 4, BlockPool(LAYOUT, 1 + 12), prefix_cache=True)
+    for i, first in enumerate((10, 20, 30)):  # three cached chains of 2 blocks, two of them unmapped afterwards
+        tokens = list(range(first, first + 2 * B))
+        slot = kv.allocate(i, len(tokens), 1)
+        kv.advance(slot, len(tokens))
+        assert kv.store_prefix(tokens, slot) == 2
+        if i < 2:
+            kv.free(slot)
+    assert kv.pool.num_free < kv.available_blocks()  # the evictable blocks count
+    for n in range(kv.pool.num_blocks + 2):
+        assert kv.has_blocks(n) == (n <= kv.available_blocks()), n

@@ -165,6 +165,10 @@ class KVCache(ABC):
         """Pool blocks a growth or an allocation could take now (0 where there is no pool to take from)."""
         return 0
 
+    def has_blocks(self, n: int) -> bool:
+        """Could a growth or an allocation take N pool blocks now? (available_blocks() >= n, asked cheaply.)"""
+        return n <= self.available_blocks()
+
     def grow(self, slot: int, n_tokens: int) -> None:  # noqa: B027  (nothing to grow in a whole row)
         """Storage for SLOT's first n_tokens positions (at most its reservation); CapacityError when short."""
 

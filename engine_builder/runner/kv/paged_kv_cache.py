@@ -97,6 +97,11 @@ class PagedKVCacheManager(KVCache):
         """Blocks a growth or an allocation could take now: free ones and unreferenced cached prefixes."""
         return self.blocks.available()
 
+    def has_blocks(self, n: int) -> bool:
+        # free blocks first: counting the evictable ones walks the whole radix tree, and at batch 64 that walk,
+        # once per request crossing into a new block, was a decode step's largest host cost
+        return n <= self.pool.num_free or n <= self.available_blocks()
+
     def grow(self, slot: int, n_tokens: int) -> None:
         """Blocks for SLOT's first n_tokens positions (at most its reservation); CapacityError when the pool
         is short even after evicting cached prefixes nobody maps."""
@@ -126,7 +131,7 @@ class PagedKVCacheManager(KVCache):
 
     def admits(self, tokens: int, keep: float) -> bool:
         reserve = max(1, int(self.pool.num_blocks * keep)) if keep else 0
-        return self.blocks.blocks_for(tokens) <= self.available_blocks() - reserve
+        return self.has_blocks(self.blocks.blocks_for(tokens) + reserve)
 
     def rows_fit_one_call(self, starts: dict[int, int], width: int) -> bool:
         # one attention op whatever the rows (Attention-24 in the twin: no branch on batch or past lengths), so

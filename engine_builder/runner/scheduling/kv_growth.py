@@ -1,6 +1,6 @@
 """Growing running requests' KV block by block, and preempting when blocks run out (vLLM's recompute policy).
 
-    preempted = grow_or_preempt(running, shortfall=..., room=..., grow=..., preempt=...)
+    preempted = grow_or_preempt(running, shortfall=..., fits=..., grow=..., preempt=...)
 
 Admission is optimistic (scheduler.py): a request enters holding the blocks of its context plus the next
 step's tokens, not prompt + max_new_tokens, so a budget runs as many sequences as their actual lengths
@@ -30,22 +30,18 @@ class Blocks:
 
 
 def grow_or_preempt(running: Sequence[RequestState], *, shortfall: Callable[[RequestState], Blocks],
-                    room: Callable[[], Blocks], grow: Callable[[RequestState], None],
+                    fits: Callable[[Blocks], bool], grow: Callable[[RequestState], None],
                     preempt: Callable[[RequestState], None]) -> list[RequestState]:
     """Give each running request the blocks it lacks (shortfall) for this step, most urgent first, preempting
-    the least urgent ones while room is short. Returns the preempted, in the order they were."""
+    the least urgent ones while their need does not fit. Returns the preempted, in the order they were."""
     queue = sorted(running, key=order_key)  # most urgent first: the last one is the cheapest to lose
     preempted: list[RequestState] = []
     while queue:
         need = shortfall(queue[0])
-        if (need.budget <= 0 and need.pool <= 0) or _fits(need, room()):
+        if (need.budget <= 0 and need.pool <= 0) or fits(need):
             grow(queue.pop(0))
             continue
         victim = queue.pop()  # may be queue[0] itself: then it waits for room in the queue
         preempt(victim)
         preempted.append(victim)
     return preempted
-
-
-def _fits(need: Blocks, have: Blocks) -> bool:
-    return need.budget <= have.budget and need.pool <= have.pool

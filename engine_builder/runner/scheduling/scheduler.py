@@ -165,8 +165,8 @@ class Scheduler:
             n = self.required(r)
             return Blocks(self.need(r) - self.budget.held(r.index), sum(kv.blocks_to_grow(s, n) for s in r.slots))
 
-        def room() -> Blocks:
-            return Blocks(self.budget.free, kv.available_blocks())
+        def fits(need: Blocks) -> bool:
+            return need.budget <= self.budget.free and kv.has_blocks(need.pool)
 
         def grow(r: RequestState) -> None:
             if (extra := shortfall(r).budget) > 0:
@@ -174,7 +174,7 @@ class Scheduler:
             for slot in r.slots:
                 kv.grow(slot, self.required(r))
 
-        return grow_or_preempt(list(self.running.values()), shortfall=shortfall, room=room, grow=grow,
+        return grow_or_preempt(list(self.running.values()), shortfall=shortfall, fits=fits, grow=grow,
                                preempt=self._preempt)
 
     def _preempt(self, r: RequestState) -> None:

@@ -1,17 +1,20 @@
-"""The model's step through torch.compile: the elementwise work between the matmuls fused by inductor.
+"""The model's layers through torch.compile: the elementwise work between the matmuls fused by inductor.
 
 A small model's decode step replayed from a CUDA graph is still ~30 kernels a layer (norms, rotary, residuals,
 activations one op at a time: SmolLM2-135M ran 2.7 ms a step at batch 1 on the H200, kernel-bound, not
-bandwidth-bound). torch.compile fuses them; the paged KV write and the attention kernel go in as one custom op
-(`trtbuild::kv_attention`) it does not trace into: the pools are mutated in place (declared, so nothing copies
-them) and the Triton kernel's launch stays ours, sized by the step's max_query_len at each call (the op runs
-as Python, also under a CUDA graph's capture). The token dimension is dynamic, so one compile serves every
-CUDA-graph bucket and every prefill length (one token is specialized once more): eager prefill of a small model
-is bound by launching its kernels one by one, as eager decode is.
+bandwidth-bound). torch.compile fuses them. What is compiled is one decoder layer and the logits head, not the
+whole forward: every layer runs the same code over its own weights (inputs of the compiled graph, not
+constants), so one compile serves all of them; compiling the whole forward traced all 30 of SmolLM2's layers and
+took over 100 s on the H200 (2026-12-02). The paged KV write and the attention kernel go in as one custom op
+(`trtbuild::kv_attention`) inductor does not trace into: the pools are mutated in place (declared, so nothing
+copies them) and the Triton kernel's launch stays ours, sized by the step's max_query_len at each call (the op
+runs as Python, also under a CUDA graph's capture). The token dimension is dynamic, so one compile serves every
+CUDA-graph bucket and every prefill length (one token is specialized once more).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
@@ -40,20 +43,24 @@ def _(q, k, v, k_pool, v_pool, slots, block_tables, context_lens, query_start, s
 
 
 class CompiledForward:
-    """model.forward compiled (the model's attention goes through kv_attention from now on); `seconds` is the
-    time of the calls that compiled (the warm-up, reported)."""
+    """The model with its layers and head compiled (its attention goes through kv_attention from now on); called as
+    the model is. `seconds`: the time of the calls that compiled (the warm-up, reported)."""
 
     def __init__(self, model, attention: Callable[..., torch.Tensor]) -> None:
         _ATTENTION[model.device.type] = attention
-        model.kv_attention = kv_attention
-        self._compiled = torch.compile(model.forward, dynamic=True, fullgraph=True)
+        # a shallow copy (the same weight tensors) whose layer and head are compiled: the model itself stays eager
+        # for the steps that take no compiled path (an image prefill)
+        self.model = copy.copy(model)
+        self.model.kv_attention = kv_attention
+        self.model.decoder_layer = torch.compile(self.model._decoder_layer, dynamic=True, fullgraph=True)
+        self.model.logits = torch.compile(self.model._logits, dynamic=True, fullgraph=True)
         self.seconds = 0.0
         self._seen: set[int] = set()
 
     def __call__(self, token_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         first = min(token_ids.shape[0], 2) not in self._seen  # dynamo specializes 1, then one graph for the rest
         started = time.perf_counter()
-        out = self._compiled(token_ids, *args, **kwargs)
+        out = self.model(token_ids, *args, **kwargs)
         if first:
             self._seen.add(min(token_ids.shape[0], 2))
             self.seconds += time.perf_counter() - started

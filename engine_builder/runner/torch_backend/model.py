@@ -122,8 +122,11 @@ class TorchDecoder:
         check_quantization(quantization)
         self.cfg, self.device, self.dtype, self.attention = cfg, torch.device(device), dtype, attention
         self.tp = tp if tp is not None and tp.size > 1 else None
-        # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into
+        # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into, and
+        # the layer and the head through torch.compile (one compiled layer serves every layer)
         self.kv_attention: Callable[..., torch.Tensor] | None = None
+        self.decoder_layer = self._decoder_layer
+        self.logits = self._logits
         self.max_positions = max_positions or cfg.max_position_embeddings
         if cfg.position_embedding == "learned" and self.max_positions > cfg.max_position_embeddings:
             raise ConfigError(f"max positions {self.max_positions} is past the {cfg.max_position_embeddings} "
@@ -207,8 +210,14 @@ class TorchDecoder:
             layer_type = attn.layer_types[i]
             table = self.rotary.get(layer_type)
             window = attn.sliding_window if layer_type == "sliding_attention" else None
-            h = self._decoder_layer(h, layer, table, by_table[id(table)] if table else None, window,
-                                    kv.k_pools[i], kv.v_pools[i], kv, image_ids)
+            h = self.decoder_layer(h, layer, table, by_table[id(table)] if table else None, window,
+                                   kv.k_pools[i], kv.v_pools[i], kv, image_ids)
+        return self.logits(h, logits_indices)
+
+    __call__ = forward
+
+    def _logits(self, h: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The last hidden states [T, hidden] -> logits [N, vocab] float32 of the tokens at logits_indices."""
         h = norm(h[logits_indices], self.final_norm, self.cfg.block.norm)  # [N, hidden]
         logits = F.linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
         if self.tp:
@@ -217,8 +226,6 @@ class TorchDecoder:
             cap = self.cfg.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
-
-    __call__ = forward
 
     def _decoder_layer(self, x: torch.Tensor, w: LayerWeights, table: RotaryTable | None,
                        cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,

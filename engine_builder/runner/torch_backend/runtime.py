@@ -41,7 +41,7 @@ from engine_builder.runner.tunables import TORCH_KV_BLOCK_SIZE
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
-COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # on | off (default): steps through torch.compile
+COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # auto (on for CUDA) | on | off: the layers through torch.compile
 
 
 class TorchRuntime(Backend):
@@ -93,11 +93,12 @@ class TorchRuntime(Backend):
         # under tp the followers get token ids only (runner/parallel/torch_ranks.py), not image features
         self.takes_images = vision is not None and self.model.tp is None
         self._images_both_ways = vision is not None and vision.image_attention == "bidirectional"
-        # every step through torch.compile (compiled_forward.py) with TRTBUILD_TORCH_COMPILE=on; off by default: on the
-        # H200 the first compile of SmolLM2's 30 layers with a dynamic token dim took over 100 s, not yet measured
-        # through (benchmarks/results/gpu-*-2026-12-02T0143*)
+        # the layers through torch.compile (compiled_forward.py), on a GPU by default: SmolLM2's decode step went from
+        # 1,200 kernels to 480 and from 2.3 to 1.1 ms of GPU time on an H100, its compile taking 21 s at load
+        # (benchmarks/results/gpu-step-profile-*); on a CPU the eager model is the tested reference path
         self.compiled = None
-        if environment.read(COMPILE_ENV) == "on":
+        compile_mode = environment.read(COMPILE_ENV)
+        if compile_mode == "on" or (compile_mode == "auto" and self.device.type == "cuda"):
             from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
 
             self.compiled = CompiledForward(self.model, attention)

@@ -59,9 +59,13 @@ def test_buckets_cover_every_batch_size():
 
 
 def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch):
-    """torch.compile over the whole forward (the KV write + attention one opaque op, the pools mutated in place):
+    """torch.compile over each layer and the head (the KV write + attention one opaque op, the pools mutated in place):
     a prefill and a padded decode bucket give the eager steps' logits, and the pools hold what eager steps wrote."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setenv("TRTBUILD_TORCH_COMPILE", "on")
+    torch._dynamo.reset()
+    counters.clear()
     engine, _ = tiny_engine("llama", Limits(max_batch=4, max_input_len=32, max_seq_len=96))
     backend = TorchRuntime(EngineDir.load(engine), kv_cache_memory=1 << 22)
     compiled = backend.compiled
@@ -94,5 +98,9 @@ def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch):
         for k, kept in zip(backend.keys, written):
             torch.testing.assert_close(k[used], kept[used], rtol=0, atol=1e-6)
         assert compiled.seconds > 0
+        # one compile serves every layer: the layer thrice (a one-sequence prefill, a one-token step, then the
+        # block tables' sizes made dynamic), the head twice (one token, many); compiled per layer, this 2-layer
+        # model would have compiled 2 x 3 + 2
+        assert backend.model.cfg.num_layers == 2 and counters["stats"]["unique_graphs"] == 5
     finally:
         backend.close()
