@@ -162,7 +162,8 @@ def main() -> None:
         log(f"prefill {name}: {k['kernels_per_step']} kernels, device {k['device_ms_per_step']} ms, host wall "
             f"{k['host_wall_ms_per_step']} ms (profiled)")
         for row in k["top"][:8]:
-            log(f"   {row['ms_per_step']:9.4f} ms  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  {row['kernel']}")
+            log(f"   {row['ms_per_step']:9.4f} ms  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  "
+                f"{row['kernel']}")
     llm.close()
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -31,7 +31,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TRTBUILD_HUGE_PAGES", ("on", "off"), "on",
              "run, chat and serve restart once with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (weights in huge pages)"),
     Variable("TRTBUILD_TORCH_COMPILE", ("auto", "on", "off"), "auto",
-             "the torch backend's layers through torch.compile: auto is on for a CUDA GPU (~20 s at load), off on a CPU"),
+             "the torch backend's layers through torch.compile: auto is on for a CUDA GPU, off on a CPU"),
     Variable("TRTBUILD_DIST_BACKEND", ("auto", "gloo", "nccl"), "auto",
              "the collectives of tp/pp ranks: auto is NCCL when every local rank has a GPU, else gloo"),
     Variable("TRTBUILD_MEMORY_GB", None, None,

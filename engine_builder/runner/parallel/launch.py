@@ -53,7 +53,8 @@ def role(engine_dir: Path) -> Role:
     return "driver" if int(os.environ["RANK"]) == 0 else "worker"
 
 
-def dispatch_ranks(engine_dir: Path, verify: bool = True, before_spawn: Callable[[], object] | None = None) -> int | None:
+def dispatch_ranks(engine_dir: Path, verify: bool = True,
+                   before_spawn: Callable[[], object] | None = None) -> int | None:
     """The tp/pp launch decision of `run` and `serve`, in one place: None when this process runs the engine
     (alone, or as rank 0 driving the others); otherwise it has done its part (spawned every rank and waited, or
     followed rank 0 as a worker) and this is the command's exit code. before_spawn: the launcher's checks of the

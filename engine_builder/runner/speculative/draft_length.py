@@ -68,7 +68,8 @@ class StepCosts:
         if -1 not in self.warm:
             self.warm.add(-1)
             return
-        self.draft_first = seconds if self.draft_first is None else (1 - COST_EMA) * self.draft_first + COST_EMA * seconds
+        first = self.draft_first
+        self.draft_first = seconds if first is None else (1 - COST_EMA) * first + COST_EMA * seconds
 
     def drafting(self, k: int) -> float:
         """Seconds to propose k tokens."""
@@ -170,5 +171,6 @@ class DraftLength:
         first_rejected = accepted if accepted < drafted else None  # its index
         for j in range(len(judged)):
             judged[j] = ALPHA_DECAY * judged[j] + (1 if j < reach else 0)
-            kept = ALPHA_DECAY if j < reach else ALPHA_DECAY * UNSEEN_FAILURES  # past this step's reach: see UNSEEN_FAILURES
+            # past this step's reach: see UNSEEN_FAILURES
+            kept = ALPHA_DECAY if j < reach else ALPHA_DECAY * UNSEEN_FAILURES
             failed[j] = kept * failed[j] + (1 if j == first_rejected else 0)
