@@ -93,14 +93,25 @@ def loop_split(llm, ids: list[list[int]], steps: int) -> dict:
 
 def profile_prefill(llm, vocab: int, top: int) -> dict:
     """A prompt's first token: 1,024 tokens cold, and 24 new tokens after a 1,000-token prefix the radix tree
-    holds (gpu_decode.py's prefix-hit figure), each one step (max_new_tokens=1)."""
-    system, tails = prompts(vocab, 1, 1000, seed=21)[0], prompts(vocab, 3, 24, seed=22)
-    cold = prompts(vocab, 2, 1024, seed=23)
-    return {"cold_1024": profile_steps(llm, cold[1:], 0, top, warm=cold[:1]),
-            "hit_1000_plus_24": profile_steps(llm, [system + tails[1]], 0, top, warm=[system + tails[0]])}
+    holds (gpu_decode.py's prefix-hit figure), each one step (max_new_tokens=1) after a warm-up of its own kind (a
+    new kernel variant compiles on its first call); kernels, then the host's own time (cProfile)."""
+    from engine_builder.runner.sampling_params import SamplingParams
+
+    system, tails = prompts(vocab, 1, 1000, seed=21)[0], prompts(vocab, 5, 24, seed=22)
+    cold = prompts(vocab, 4, 1024, seed=23)
+
+    def hit(i: int) -> list[list[int]]:
+        return [system + tails[i]]
+
+    llm.generate(prompt_token_ids=hit(0), params=SamplingParams(max_new_tokens=1))  # the system prompt cached
+    out = {"cold_1024": profile_steps(llm, cold[1:2], 0, top, warm=cold[:1]),
+           "hit_1000_plus_24": profile_steps(llm, hit(2), 0, top, warm=hit(1))}
+    out["cold_1024"]["host"] = host_profile(llm, cold[3:4], 0, top, warm=cold[2:3])
+    out["hit_1000_plus_24"]["host"] = host_profile(llm, hit(4), 0, top, warm=hit(3))
+    return out
 
 
-def host_profile(llm, ids: list[list[int]], steps: int, top: int) -> list[dict]:
+def host_profile(llm, ids: list[list[int]], steps: int, top: int, warm: list[list[int]] | None = None) -> list[dict]:
     """The host's own time in a decode of STEPS + 1 tokens under cProfile: the --top functions by their own time
     per step (a wait for the GPU shows as the time of the call that synchronizes, e.g. Tensor.cpu)."""
     import cProfile
@@ -109,7 +120,7 @@ def host_profile(llm, ids: list[list[int]], steps: int, top: int) -> list[dict]:
     from engine_builder.runner.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=steps + 1, ignore_eos=True, temperature=0.0)
-    llm.generate(prompt_token_ids=ids, params=params)
+    llm.generate(prompt_token_ids=warm or ids, params=params)
     profiler = cProfile.Profile()
     profiler.enable()
     llm.generate(prompt_token_ids=ids, params=params)
@@ -164,6 +175,8 @@ def main() -> None:
         for row in k["top"][:8]:
             log(f"   {row['ms_per_step']:9.4f} ms  {row['launches_per_step']:7.2f}x  {row['share']:6.1%}  "
                 f"{row['kernel']}")
+        for row in k["host"][:12]:
+            log(f"   host {row['own_ms_per_step']:9.4f} ms  {row['calls_per_step']:7.2f}x  {row['function']}")
     llm.close()
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -16,6 +16,7 @@ submit), so the most urgent one always fits once the others are gone: nothing de
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,12 +35,15 @@ def grow_or_preempt(running: Sequence[RequestState], *, shortfall: Callable[[Req
                     preempt: Callable[[RequestState], None]) -> list[RequestState]:
     """Give each running request the blocks it lacks (shortfall) for this step, most urgent first, preempting
     the least urgent ones while their need does not fit. Returns the preempted, in the order they were."""
-    queue = sorted(running, key=order_key)  # most urgent first: the last one is the cheapest to lose
+    queue = deque(sorted(running, key=order_key))  # most urgent first: the last one is the cheapest to lose
     preempted: list[RequestState] = []
     while queue:
         need = shortfall(queue[0])
-        if (need.budget <= 0 and need.pool <= 0) or fits(need):
-            grow(queue.pop(0))
+        if need.budget <= 0 and need.pool <= 0:  # holds what this step writes (most decode steps): nothing to do
+            queue.popleft()
+            continue
+        if fits(need):
+            grow(queue.popleft())
             continue
         victim = queue.pop()  # may be queue[0] itself: then it waits for room in the queue
         preempt(victim)
