@@ -246,7 +246,11 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
         timed(ids[:8], 4)
         wall, res = timed(ids, 128)
         out[f"serve_{args.serve}x128_out_tok_s"] = round(args.serve * 128 / wall, 1)
-        log(f"ours serve {args.serve}x128/128: {out[f'serve_{args.serve}x128_out_tok_s']} tok/s")
+        t = llm.last_timings  # where the wall went: prefill steps, decode steps (their tok/s and count)
+        out[f"serve_{args.serve}x128_timings"] = t.to_json() | {"wall_s": round(wall, 3),
+                                                               "decode_s": round(t.decode_seconds, 3)}
+        log(f"ours serve {args.serve}x128/128: {out[f'serve_{args.serve}x128_out_tok_s']} tok/s "
+            f"({out[f'serve_{args.serve}x128_timings']})")
     llm.close()
     del llm
     gc.collect()
