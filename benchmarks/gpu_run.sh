@@ -34,7 +34,14 @@ for part in $PARTS; do
         -p no:cacheprovider tests/runner/torch_backend/test_paged_attention_triton.py \
         tests/runner/torch_backend/test_decode_inputs.py tests/runner/torch_backend/test_torch_backend.py \
         tests/vision/test_torch_backend_images.py -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
-      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20 ;;
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20
+      # a device-side assert is reported at a later call: the failed tests again, each launch synchronous
+      failed=$(grep -oE "^FAILED [^ ]+" "$OUT/gpu-tests.log" | cut -d" " -f2 | head -3)
+      if [ -n "$failed" ]; then
+        TRTBUILD_TEST_DEVICE=cuda TRTBUILD_TORCH_COMPILE=off CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m pytest -q \
+          -p no:cacheprovider $failed > "$OUT/gpu-tests-blocking.log" 2>&1
+        grep -E "^E |^\S+\.py:[0-9]+: in" "$OUT/gpu-tests-blocking.log" | head -30
+      fi ;;
     tp)  # 2 ranks, one per GPU, NCCL between them, decode steps captured with their collectives in CUDA graphs
       TRTBUILD_TEST_DEVICE=cuda timeout ${TP_S:-300} python3 -m pytest -q -x -p no:cacheprovider \
         tests/runner/torch_backend/test_torch_tp.py -rfE > "$OUT/gpu-tp-tests.log" 2>&1

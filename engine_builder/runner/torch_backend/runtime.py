@@ -95,10 +95,11 @@ class TorchRuntime(Backend):
         self._images_both_ways = vision is not None and vision.image_attention == "bidirectional"
         # the layers through torch.compile (compiled_forward.py), on a GPU by default: SmolLM2's decode step went from
         # 1,200 kernels to 480 and from 2.3 to 1.1 ms of GPU time on an H100, its compile taking 21 s at load
-        # (benchmarks/results/gpu-step-profile-*); on a CPU the eager model is the tested reference path
+        # (benchmarks/results/gpu-step-profile-*); on a CPU the eager model is the tested reference path, and tp ranks
+        # stay eager by default (their collectives inside a compiled layer have not run on GPUs yet)
         self.compiled = None
         compile_mode = environment.read(COMPILE_ENV)
-        if compile_mode == "on" or (compile_mode == "auto" and self.device.type == "cuda"):
+        if compile_mode == "on" or (compile_mode == "auto" and self.device.type == "cuda" and self.model.tp is None):
             from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
 
             self.compiled = CompiledForward(self.model, attention)
