@@ -20,6 +20,7 @@ from engine_builder.build.encoder_profiles import encoder_profiles
 from engine_builder.build.ort_prepack import prepacked_twin_wanted, write_prepacked_twin
 from engine_builder.build.preflight import preflight
 from engine_builder.build.target_check import check_target_ops
+from engine_builder.build.vision_build import write_vision_graphs
 from engine_builder.formats import graph_io as io
 from engine_builder.formats.build_config import BuildConfig
 from engine_builder.formats.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointConfig
@@ -36,10 +37,9 @@ from engine_builder.formats.manifest import (
     Versions,
     file_digests,
 )
-from engine_builder.formats.vision_spec import VISION_MODEL
+from engine_builder.formats.vision_engine import VisionEngine
 from engine_builder.network import NetworkOptions, build_decoder, save_graph
 from engine_builder.network.encoder import build_encoder
-from engine_builder.network.vision_encoder import build_vision_encoder
 from engine_builder.network.weights import link_weights
 from engine_builder.util.atomic_dir import atomic_output_dir
 from engine_builder.util.file_hash import sha256_file
@@ -65,6 +65,7 @@ class BuildResult:
     tensorrt: dict[str, Any] | None
     fidelity: dict[str, Any] | None = None  # figures of the recipe's fidelity gate (engine_builder/eval/gate.py)
     twin_dtype: str | None = None  # the onnxruntime twin's (build/dtype_choice.py)
+    vision_engine: VisionEngine | None = None  # a vision model built for tensorrt (build/vision_build.py)
 
 
 def trt_profiles(config: BuildConfig, model_inputs: list[ir.Value]) -> tuple[dict, ...]:
@@ -120,6 +121,7 @@ class Lowered:
     passes: dict[str, list[dict[str, Any]]]
     graph_hashes: dict[str, str]
     tensorrt: dict[str, Any] | None
+    vision_engine: VisionEngine | None = None
 
 
 def check_pass_lists(config: BuildConfig) -> None:
@@ -186,8 +188,12 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
             save=save_graph,
             trt_options=lambda model: _trt_options(config, list(model.graph.inputs), encoder),
             explain=explain, say=stage or (lambda _: None), trt_progress=trt_progress)
-        if checkpoint.model.vision is not None:  # LLaVA: the vision tower + projector, a graph of its own
-            lowered = _write_vision_graph(ckpt, tmp, networks["onnxruntime"], lowered, stage or (lambda _: None))
+        if (vision := checkpoint.model.vision) is not None:  # the vision tower + projector, graphs of their own
+            hashes, vision_engine = write_vision_graphs(
+                ckpt, tmp, config, networks, vision, say=stage or (lambda _: None), trt_progress=trt_progress,
+                trt_options=lambda profile: _trt_build_options(config, (profile,)))
+            lowered = dataclasses.replace(lowered, graph_hashes={**lowered.graph_hashes, **hashes},
+                                          vision_engine=vision_engine)
         for f in ckpt.iterdir():
             if f.is_file() and f.name not in _NOT_TOKENIZER:
                 shutil.copyfile(f, tmp / f.name)
@@ -210,30 +216,23 @@ def build(ckpt: Path, out: Path, config: BuildConfig = BuildConfig(), force: boo
     return result
 
 
-def _write_vision_graph(ckpt: Path, out_dir: Path, options: NetworkOptions, lowered: Lowered, say: Stage) -> Lowered:
-    """vision.onnx (network/vision_encoder.py) in the twin's dtype, its sha256 beside the decoder graphs' hashes.
-
-    No pass list runs on it (the lists hold decoder rewrites; onnxruntime fuses the plain attention itself) and
-    no TensorRT engine is built of it yet (issue 35: its own profile over images per call)."""
-    say("vision graph")
-    path = out_dir / VISION_MODEL
-    save_graph(build_vision_encoder(ckpt, options), path)
-    return dataclasses.replace(lowered, graph_hashes={**lowered.graph_hashes, "vision": sha256_file(path)})
-
-
 def build_result(out: Path, config: BuildConfig, lowered: Lowered, started: float, peak: PeakRss) -> BuildResult:
     trt = lowered.tensorrt
     return BuildResult(
         out=str(out), targets=lowered.targets, dtype=config.dtype, passes=lowered.passes,
         graph_hashes=lowered.graph_hashes, engine_bytes=trt["engine_bytes"] if trt else 0,
         seconds=round(time.perf_counter() - started, 3), peak_rss_bytes=peak.above_baseline(), tensorrt=trt,
-        twin_dtype=config.twin_dtype or config.dtype)
+        twin_dtype=config.twin_dtype or config.dtype, vision_engine=lowered.vision_engine)
 
 
 def _trt_options(config: BuildConfig, inputs: list[ir.Value], encoder: bool = False) -> Any:
+    return _trt_build_options(config, encoder_profiles(config, inputs) if encoder else trt_profiles(config, inputs))
+
+
+def _trt_build_options(config: BuildConfig, profiles: tuple[dict, ...]) -> Any:
+    """The build's TensorRT options with PROFILES: the decoder's, or the vision graph's one (build/vision_build.py)."""
     from engine_builder.trt.engine_build import TrtBuildOptions
 
-    profiles = encoder_profiles(config, inputs) if encoder else trt_profiles(config, inputs)
     return TrtBuildOptions(
         compute_capabilities=config.compute_capabilities, opt_level=config.opt_level,
         profiles=profiles, flavour=config.trt_flavour,  # type: ignore[arg-type]
@@ -265,4 +264,5 @@ def manifest_of(config: BuildConfig, result: BuildResult, engine_dir: Path, **bl
                         tensorrt={k: trt[k] for k in ("flavour", "trt_version")} if trt else None)
     return EngineManifest(versions=versions, build=config, targets=result.targets, passes=result.passes,
                           graph_hashes=result.graph_hashes, tensorrt=trt, files=file_digests(engine_dir),
-                          cost=BuildCost(result.seconds, result.peak_rss_bytes), **blocks)
+                          cost=BuildCost(result.seconds, result.peak_rss_bytes), vision_engine=result.vision_engine,
+                          **blocks)

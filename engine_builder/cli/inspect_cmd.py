@@ -53,6 +53,7 @@ def inspect(
                     "files": summary.files,
                     "graph_hashes": m.graph_hashes, "quantization": quantization_of(m),
                     "vision": describe_vision(m.model) if m.model is not None else None,
+                    "vision_engine": data["vision_engine"],
                     "integrity": integrity, "torch_gpu": gpu,
                     "verdict": {"tensorrt": {"ok": summary.tensorrt_ok, "reason": summary.tensorrt_verdict},
                                 "torch": {"ok": torch_ok, "reason": torch_why},
@@ -71,13 +72,18 @@ def inspect(
             table.add_row("experts", experts)
         if (vision := describe_vision(model)) is not None:
             table.add_row("vision", vision)
+        if m.vision_engine is not None:  # built beside the decoder's engine for target tensorrt
+            table.add_row("vision engine", m.vision_engine.describe())
     elif m.source_onnx is not None:
         table.add_row("model", f"exported ONNX graph {m.source_onnx.name}")
     checkpoint = f" (checkpoint {m.checkpoint.dtype})" if m.checkpoint else ""
     table.add_row("precision", f"engine {m.build.dtype}, onnxruntime twin {m.twin_dtype}{checkpoint}")
     if m.dtype_choice:
         table.add_row("why", m.dtype_choice)
-    table.add_row("limits", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(m.build.limits).items()))
+    limits = dataclasses.asdict(m.build.limits)
+    if m.model is None or m.model.vision is None:
+        limits.pop("max_images")  # a text model's build has no vision engine for it to size
+    table.add_row("limits", ", ".join(f"{k} {v}" for k, v in limits.items()))
     table.add_row("targets", ", ".join(m.targets))
     if (q := quantization_of(m)) is not None:
         table.add_row("quantization", describe_quantization(q))

@@ -41,7 +41,7 @@ DEFAULT_PASSES: dict[str, tuple[str, ...]] = {
 
 # Above these no model or machine is plausible: a typo (an extra zero or three), refused before the
 # memory plan (formats/memory_plan.py) weighs what the limits cost on this machine
-MAX_LIMITS = {"max_batch": 1 << 16, "max_input_len": 1 << 24, "max_seq_len": 1 << 24}
+MAX_LIMITS = {"max_batch": 1 << 16, "max_input_len": 1 << 24, "max_seq_len": 1 << 24, "max_images": 1 << 10}
 MAX_RECIPE_BYTES = 1 << 20
 MAX_YAML_ALIASES = 32  # anchors a recipe may reuse: enough for sharing a pass list, too few to bomb
 MAX_YAML_DEPTH = 32
@@ -69,9 +69,12 @@ class Limits:
     max_batch: int = 8
     max_input_len: int = 1024  # longest prompt (prefill) the engine is optimized for
     max_seq_len: int = 2048  # KV slots per sequence: prompt + generated tokens
+    # vision-language models: images per call of the vision engine (its TensorRT profile's max, images 1..this);
+    # 8, as many as a request takes by default (runner/vision/image_limits.py), so one request's images are one call
+    max_images: int = 8
 
     def validate(self) -> None:
-        for name in ("max_batch", "max_input_len", "max_seq_len"):
+        for name in ("max_batch", "max_input_len", "max_seq_len", "max_images"):
             check_limit(name, getattr(self, name))
         if self.max_input_len > self.max_seq_len:
             raise ConfigError(f"max_input_len {self.max_input_len} exceeds max_seq_len {self.max_seq_len}; "

@@ -8,6 +8,8 @@
       rank0.safetensors  the checkpoint's weights, which both graphs reference: the engine dir's own
                          copy (a reflink where the filesystem allows), never a link to the checkpoint
       vision.onnx        vision-language models: the vision tower + projector (formats/vision_spec.py)
+      vision.trt.onnx    and with target tensorrt: that graph in the engine's dtype, as TensorRT parsed it,
+      vision.engine      and its TensorRT(-RTX) engine, a profile over images per call (formats/vision_engine.py)
       tokenizer files, generation_config.json
 
 `files` records the sha256 and size of every file the engine reads (`verified_files`, as
@@ -31,7 +33,8 @@ from engine_builder.formats.model_config import ModelConfig
 from engine_builder.formats.ort_prepacked import PREPACKED_MODEL
 from engine_builder.formats.parallel_mapping import ParallelMapping
 from engine_builder.formats.quantization import Quantization
-from engine_builder.formats.vision_spec import VISION_MODEL
+from engine_builder.formats.vision_engine import VisionEngine
+from engine_builder.formats.vision_spec import VISION_MODEL, VISION_TRT_MODEL
 from engine_builder.util.errors import ConfigError, InputError
 from engine_builder.util.file_hash import sha256_files
 
@@ -54,10 +57,10 @@ ENGINE_FILE = engine_file(0)
 
 def verified_files(engine_dir: Path) -> list[Path]:
     """The files an engine reads, as present in ENGINE_DIR: its weights, both graphs and the external data
-    beside them (model.onnx.data...), the serialized engines, a vision model's vision.onnx. Tokenizer and config
-    files are not among them."""
+    beside them (model.onnx.data...), the serialized engines (a vision model's vision.engine too), a vision model's
+    vision.onnx and vision.trt.onnx. Tokenizer and config files are not among them."""
     def read_by_the_engine(name: str) -> bool:
-        return (name in (ORT_MODEL, TRT_MODEL, PREPACKED_MODEL, VISION_MODEL)
+        return (name in (ORT_MODEL, TRT_MODEL, PREPACKED_MODEL, VISION_MODEL, VISION_TRT_MODEL)
                 or name.endswith((".onnx.data", ".engine"))
                 or (name.startswith("rank") and name.endswith((".safetensors", ".onnx"))))  # + tp/pp segments
 
@@ -155,6 +158,7 @@ class EngineManifest:
     fidelity: dict[str, Any] | None = None  # figures of a recipe's fidelity gate
     dtype_choice: str | None = None  # why build.dtype / build.twin_dtype are what they are (build/dtype_choice.py)
     mapping: ParallelMapping | None = None  # tp/pp engine dirs: rank{i}.<segment>.onnx per rank (parallel_mapping.py)
+    vision_engine: VisionEngine | None = None  # a vision model built for tensorrt: vision.engine (vision_engine.py)
     schema: str = ENGINE_SCHEMA
     schema_version: int = ENGINE_SCHEMA_VERSION
 

@@ -51,6 +51,8 @@ FeatureSelect = Literal["default", "full"]  # default: crop the class token; ful
 Resample = Literal["nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"]  # PIL's filters
 
 VISION_MODEL = "vision.onnx"  # in an engine dir, beside model.onnx; its weights in the same rank0.safetensors
+VISION_TRT_MODEL = "vision.trt.onnx"  # target tensorrt: the vision graph in the engine's dtype, as TensorRT parsed it
+VISION_ENGINE = "vision.engine"  # target tensorrt: its serialized TensorRT(-RTX) engine (formats/vision_engine.py)
 PIXEL_VALUES = "pixel_values"
 IMAGE_FEATURES = "image_features"
 IMAGES = "images"  # the graph's dynamic batch axis: images per call
