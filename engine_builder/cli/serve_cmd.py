@@ -77,7 +77,8 @@ def serve(
                                                               "together (each holds its context so far, in 16-token "
                                                               "blocks, growing as it decodes; the least urgent is "
                                                               "preempted when they run out); default: max_batch x "
-                                                              "max_seq_len.")] = None,
+                                                              "max_seq_len; on a paged engine it caps the block "
+                                                              "pool.")] = None,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGINT/SIGTERM, seconds in-flight requests get to "

@@ -59,7 +59,7 @@ class ExecutorStats:
     tokens_generated: int
     steps: int  # loop steps that ran the engine
     requests_failed: int = 0  # ended with "error"
-    kv_block_tokens: int = 0  # the scheduler's KV budget (runner/scheduling/kv_budget.py): tokens per block
+    kv_block_tokens: int = 0  # the KV budget (runner/kv/block_budget.py; a paged engine's pool): tokens per block
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0  # held by running requests (context so far + the next step's tokens each, in blocks)
     preemptions: int = 0  # running requests preempted (recompute): for more urgent ones, or when blocks ran out

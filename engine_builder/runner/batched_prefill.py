@@ -103,9 +103,9 @@ def _exact(generator: Generator, starts: dict[int, int], lengths: Sequence[int])
 def pool_has_room(generator: Generator, starts: dict[int, int], width: int) -> bool:
     """A paged engine: can its pool give every row the blocks its padded width reaches (within the row's
     reservation; past it the table points at the scratch block)? The scheduler grew each row for its own tokens
-    only. Always True for the slot layout (a slot holds max_seq positions)."""
+    only. Always True for the slot layout (a slot holds max_seq positions: blocks_to_write is 0)."""
     kv = generator.backend.kv
-    return kv.has_blocks(sum(kv.blocks_to_grow(slot, at + width) for slot, at in starts.items()))
+    return kv.has_blocks(sum(kv.blocks_to_write(slot, at + width) for slot, at in starts.items()))
 
 
 def prefill_together(generator: Generator, requests: Sequence[RequestState], events: list[Event]) -> int:

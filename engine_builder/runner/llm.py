@@ -93,8 +93,8 @@ class LLM:
         gpu_memory_utilization: the torch backend on a CUDA GPU: the fraction of the GPU's memory the process may
         use, the KV pool taking what the weights leave (vLLM's knob; default 0.9); InputError for other backends.
         kv_budget_tokens: the KV all of generate()'s running requests may hold together, in tokens (default: every
-        slot's max_seq_len). Requests are admitted by the free KV blocks of this budget (and of a paged engine's
-        pool) for their context, grow block by block and are preempted by recompute when blocks run out, with
+        slot's max_seq_len; a paged engine's pool, which it caps). Requests are admitted by the free KV blocks of
+        this one budget for their context, grow block by block and are preempted by recompute when blocks run out, with
         the tokens they get alone (runner/scheduling/block_admission.py, the server's scheduler); beam search
         reserves its beams' full length.
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 # --- scheduling (runner/scheduling/) ----------------------------------------------------------------------------
 
-KV_BUDGET_BLOCK_TOKENS = 16  # admission counts KV in blocks of this many tokens (SchedulerConfig.kv_block_tokens)
+KV_BUDGET_BLOCK_TOKENS = 16  # a slot engine counts its KV budget in blocks of this many tokens (kv_block_tokens)
 WATERMARK_SHARE = 0.01  # of the KV blocks, kept free at admission for the running requests' growth (vLLM's)
 MIN_CHUNK = 16  # prompt tokens a chunked prefill gives a request at least, and the auto budget's first size
 PREFILL_SHARE = 1.0  # auto prefill budget: a step's prefill time over its decode time

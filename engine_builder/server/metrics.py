@@ -85,9 +85,9 @@ class _LiveCollector(Collector):
 
 
 def _kv_metrics(s: ExecutorStats) -> Iterator[Metric]:
-    """The scheduler's KV budget (runner/scheduling/kv_budget.py) and what its policies did."""
+    """The KV budget (runner/kv/block_budget.py, kept by the KV cache) and what the scheduler's policies did."""
     yield GaugeMetricFamily("trtbuild_kv_blocks_total", f"KV cache budget in blocks of {s.kv_block_tokens} tokens "
-                            "(--kv-budget-tokens).", s.kv_blocks_total)
+                            "(--kv-budget-tokens; a paged engine's block pool, capped by it).", s.kv_blocks_total)
     yield GaugeMetricFamily("trtbuild_kv_blocks_used", "KV blocks held by running requests (context so far + the "
                             "next step's tokens each; they grow as they decode).", s.kv_blocks_used)
     yield GaugeMetricFamily("trtbuild_kv_blocks_free", "KV blocks free for new requests.",

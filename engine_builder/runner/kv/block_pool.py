@@ -7,6 +7,9 @@ Block 0 is the scratch block: never handed out, always referenced. Block-table e
 blocks and the rows of idle sequences point at it, so the graph's reads of unused entries see finite values
 (masked) and its writes for rows that ride along idle land where nobody reads them.
 
+A KV budget (block_budget.py) smaller than the pool caps it (cap): the blocks past the budget are withheld, by
+count, from what take() hands out, so a budget can only lower what the pool holds.
+
 A block is free when its count is 0. Sequences and the radix tree (radix_blocks.py) each hold one reference
 per block they map, so a prefix shared by a cached tree node and three running sequences counts 4. An int8
 cache (`convert --kv-cache int8`) stores int8 here; its per-channel scales are constants of the graph.
@@ -66,6 +69,7 @@ class BlockPool:
         self.refcount = np.zeros(num_blocks, np.int64)
         self.refcount[SCRATCH_BLOCK] = 1
         self._free = list(range(num_blocks - 1, 0, -1))  # a stack: the lowest id comes out first
+        self.withheld = 0  # free blocks take() may not hand out: the pool's blocks past a KV budget (cap)
 
     @classmethod
     def for_budget(cls, layout: PagedKVLayout, kv_cache_memory: int | None = None,
@@ -91,7 +95,17 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Free blocks take() may hand out (within the budget's cap)."""
+        return max(0, len(self._free) - self.withheld)
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks sequences may hold together: all but the scratch block, at most the budget's cap."""
+        return self.num_blocks - 1 - self.withheld
+
+    def cap(self, blocks: int | None) -> None:
+        """Hand out at most `blocks` (a KV budget's) of the pool's blocks; None: all of them."""
+        self.withheld = 0 if blocks is None else max(0, self.num_blocks - 1 - blocks)
 
     @property
     def num_used(self) -> int:
@@ -99,10 +113,11 @@ class BlockPool:
 
     def take(self, n: int) -> list[int]:
         """n free blocks, each with one reference (the caller's)."""
-        if n > len(self._free):
-            raise CapacityError(f"the KV cache needs {n} free blocks but has {len(self._free)} of "
-                                f"{self.num_blocks - 1}; wait for running requests to finish, or raise "
-                                "kv_cache_memory (--kv-cache-memory)")
+        if n > self.num_free:
+            raise CapacityError(f"the KV cache needs {n} free blocks but has {self.num_free} of "
+                                f"{self.usable_blocks}; wait for running requests to finish, or raise "
+                                "kv_cache_memory (--kv-cache-memory)" + (" and the KV budget (--kv-budget-tokens)"
+                                                                          if self.withheld else ""))
         out = [self._free.pop() for _ in range(n)]
         self.refcount[out] = 1
         return out

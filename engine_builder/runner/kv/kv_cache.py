@@ -18,6 +18,12 @@ Paged blocks and prefix reuse (`build --kv-layout paged`, runner/kv/paged_kv_cac
     request, and start length at the reused prefix length. No caller change is needed.
   * advance(slot, n) after each engine step and free(slot) at the end stay as they are
     (free would drop block references instead of resetting a row).
+
+The KV budget (block_budget.py) is counted here too, by a block pool of counts only (virtual_block_pool.py): a
+slot's row is whole, but a slot holds only the budget blocks of what it may write (its context and the next
+step's tokens when the scheduler admits it, growing as it decodes), so a budget of 4 full rows runs 32 short
+requests. Until a scheduler gives it a budget (use_budget) it holds every slot's whole row, so a caller without
+one (a draft model's cache, eval's scoring) is never refused by it.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine_builder.formats.graph_io import KVCacheLayout
+from engine_builder.runner.kv.block_budget import BlockBudget, budget_blocks
 from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.kv.prefix_cache import PrefixCache
+from engine_builder.runner.kv.virtual_block_pool import VirtualBlockPool
+from engine_builder.runner.tunables import KV_BUDGET_BLOCK_TOKENS
 from engine_builder.util.errors import InputError
 
 
@@ -60,6 +69,8 @@ class KVCacheManager(KVCache):
         self.keys = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
         self.values = tuple(np.zeros(shape, self.dtype) for _ in range(num_layers)) if host_buffers else ()
         KVCache.__init__(self, batch_slots, max_seq)
+        whole_rows = BlockBudget(KV_BUDGET_BLOCK_TOKENS, batch_slots * -(-max_seq // KV_BUDGET_BLOCK_TOKENS))
+        self._budget_pool = VirtualBlockPool(whole_rows, batch_slots)
 
     @classmethod
     def for_layout(cls, layout: KVCacheLayout, batch_slots: int, host_buffers: bool = True) -> KVCacheManager:
@@ -73,9 +84,12 @@ class KVCacheManager(KVCache):
 
     def allocate(self, request_id: object, prompt_len: int, max_new_tokens: int,
                  initial_tokens: int | None = None) -> int:
-        """Reserve a slot for the whole request; returns its index (lowest free first). initial_tokens (a paged
-        cache's optimistic start) changes nothing here: a slot's row is max_seq positions from the start."""
+        """Reserve a slot for the whole request; returns its index (lowest free first). Its row is max_seq
+        positions from the start; the budget's blocks it takes are for all of them or, given initial_tokens (the
+        scheduler's optimistic start), for that many (grow() adds the rest as needed)."""
         slot, needed = self._admit(request_id, prompt_len, max_new_tokens)
+        first = needed if initial_tokens is None else min(needed, max(1, initial_tokens))
+        self._budget_pool.take(slot, self.blocks_for(first))  # CapacityError when the budget is short
         self._take(slot, request_id, needed)
         return slot
 
@@ -88,6 +102,7 @@ class KVCacheManager(KVCache):
             k[slot, :, :used] = 0
             v[slot, :, :used] = 0
         self._release(slot)
+        self._budget_pool.free_slot(slot)
 
     def advance(self, slot: int, num_tokens: int) -> None:
         """Record that the engine wrote num_tokens more positions into this slot."""
@@ -103,6 +118,38 @@ class KVCacheManager(KVCache):
             k[slot, :, length:used] = 0
             v[slot, :, length:used] = 0
         self.lengths[slot] = length
+
+    # --- the KV budget: counts only ----------------------------------------------------------------------
+
+    @property
+    def budget(self) -> BlockBudget:
+        return self._budget_pool.budget
+
+    def budget_for(self, tokens: int | None, block_tokens: int) -> BlockBudget:
+        """`tokens` in blocks of block_tokens; None: every slot's max_seq_len."""
+        tokens = tokens if tokens is not None else self.batch_slots * self.max_seq
+        return BlockBudget(block_tokens, budget_blocks(tokens, block_tokens))
+
+    def use_budget(self, budget: BlockBudget) -> None:
+        if budget != self._budget_pool.budget:
+            self._budget_pool.resize(budget)
+
+    def held_blocks(self, slot: int) -> int:
+        return int(self._budget_pool.held[slot])
+
+    def available_blocks(self) -> int:
+        return self._budget_pool.free
+
+    def grow(self, slot: int, n_tokens: int) -> None:
+        self._check_slot(slot)
+        if (extra := self.blocks_to_grow(slot, n_tokens)) > 0:
+            self._budget_pool.take(slot, extra)
+
+    def used_blocks(self) -> int:
+        return self._budget_pool.used
+
+    def blocks_to_write(self, slot: int, n_tokens: int) -> int:
+        return 0  # a write lands in the slot's own row, whole from allocate: the budget's blocks are books only
 
     def rows_fit_one_call(self, starts: dict[int, int], width: int) -> bool:
         # every row, riders included, at 0: a row past 0 takes the twin's generic attention branch (not its solo

@@ -11,7 +11,12 @@ Two storages implement it:
                                        per-slot table (block_manager.py), grown as decoding proceeds, forked
                                        copy-on-write, prefixes shared by reference through a radix tree
 
-What differs between them is asked through this interface (blocks_to_grow, available_blocks, admits, grow,
+Both keep the one KV budget (block_budget.py) in blocks: the paged layout its pool's, capped by the budget when
+one is given; the slot layout a pool of counts only (virtual_block_pool.py), since its rows are whole from
+allocate. The scheduler admits, grows and preempts by asking this interface alone (budget_for, use_budget,
+blocks_to_grow, held_blocks, available_blocks, has_blocks, grow, admits) and keeps no books of its own.
+
+What else differs between them is asked through this interface too (blocks_to_write, prepare_writes,
 rows_fit_one_call, prefix_cache, sized_by_bytes, capacity_words): nothing outside this package branches on the
 layout (tests/architecture/test_layers.py checks it).
 """
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine_builder.runner.kv.block_budget import BlockBudget
 from engine_builder.util.errors import CapacityError, InputError
 
 
@@ -157,25 +163,61 @@ class KVCache(ABC):
     def nbytes(self) -> int:
         """Bytes of KV storage this cache holds."""
 
-    def blocks_to_grow(self, slot: int, n_tokens: int) -> int:
-        """Pool blocks grow(slot, n_tokens) would take (0 where a slot's storage is whole from allocate)."""
-        return 0
+    # --- the one KV budget, in blocks (block_budget.py) ------------------------------------------------------
 
+    @property
+    @abstractmethod
+    def budget(self) -> BlockBudget:
+        """The budget this storage counts by now."""
+
+    @abstractmethod
+    def budget_for(self, tokens: int | None, block_tokens: int) -> BlockBudget:
+        """The budget a scheduler asking for `tokens` (None: what the storage holds) in blocks of block_tokens gets
+        on this storage, without taking it (ConfigError when it holds no block)."""
+
+    @abstractmethod
+    def use_budget(self, budget: BlockBudget) -> None:
+        """Count by `budget` (one budget_for gave) from now on."""
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.budget.blocks_for(tokens)
+
+    @abstractmethod
+    def held_blocks(self, slot: int) -> int:
+        """Budget blocks SLOT holds."""
+
+    def blocks_to_grow(self, slot: int, n_tokens: int) -> int:
+        """Budget blocks grow(slot, n_tokens) would take."""
+        return max(0, self.blocks_for(min(n_tokens, int(self._reserved[slot]))) - self.held_blocks(slot))
+
+    @abstractmethod
     def available_blocks(self) -> int:
-        """Pool blocks a growth or an allocation could take now (0 where there is no pool to take from)."""
-        return 0
+        """Budget blocks a growth or an allocation could take now."""
 
     def has_blocks(self, n: int) -> bool:
-        """Could a growth or an allocation take N pool blocks now? (available_blocks() >= n, asked cheaply.)"""
+        """Could a growth or an allocation take N blocks now? (available_blocks() >= n, asked cheaply.)"""
         return n <= self.available_blocks()
 
-    def grow(self, slot: int, n_tokens: int) -> None:  # noqa: B027  (nothing to grow in a whole row)
-        """Storage for SLOT's first n_tokens positions (at most its reservation); CapacityError when short."""
+    @abstractmethod
+    def grow(self, slot: int, n_tokens: int) -> None:
+        """Blocks for SLOT's first n_tokens positions (at most its reservation); CapacityError when short."""
 
     def admits(self, tokens: int, keep: float) -> bool:
-        """Could a new sequence get storage for its first `tokens` positions now, keeping `keep` (a share) of the
-        storage free for the running ones' growth? (Conservative: a prefix-cache hit would map some instead.)"""
-        return True
+        """Could a new sequence get blocks for its first `tokens` positions now, keeping `keep` (a share) of the
+        budget free for the running ones' growth? (Conservative: a prefix-cache hit would map some instead.)"""
+        reserve = max(1, int(self.budget.blocks * keep)) if keep else 0
+        return self.has_blocks(self.blocks_for(tokens) + reserve)
+
+    @abstractmethod
+    def used_blocks(self) -> int:
+        """Budget blocks running sequences hold (a figure for stats: safe to ask from another thread)."""
+
+    def blocks_to_write(self, slot: int, n_tokens: int) -> int:
+        """Storage blocks a write reaching position n_tokens of SLOT needs first (prepare_writes takes them): what
+        grow would take where blocks are the storage."""
+        return self.blocks_to_grow(slot, n_tokens)
+
+    # --- the rest of the storage --------------------------------------------------------------------------
 
     def prepare_writes(self, slots: Sequence[int], counts: Sequence[int]) -> None:  # noqa: B027
         """Before a step writing counts[i] positions at slots[i]'s length: storage for them, and private copies

@@ -14,6 +14,9 @@ decoding proceeds, before the step that writes them; when the pool (after evicti
 prefixes) has none left, the scheduler preempts a running request to free its blocks. A write past a
 slot's blocks grows it in prepare_write, or fails loudly (CapacityError): never lands in the scratch
 block. Cached prefix blocks count once however many requests map them.
+
+The pool is the KV budget (block_budget.py): a scheduler's kv_budget_tokens, when given, caps the blocks it hands
+out (BlockPool.cap); nothing counts a budget beside it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine_builder.formats.graph_io import PagedKVLayout
+from engine_builder.runner.kv.block_budget import BlockBudget, budget_blocks
 from engine_builder.runner.kv.block_manager import BlockManager
 from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK, BlockPool
 from engine_builder.runner.kv.kv_interface import KVCache
@@ -88,6 +92,29 @@ class PagedKVCacheManager(KVCache):
         self.blocks.truncate(slot, length)
         self.lengths[slot] = length
 
+    # --- the KV budget: the pool's blocks ----------------------------------------------------------------
+
+    @property
+    def budget(self) -> BlockBudget:
+        return BlockBudget(self.block_size, self.pool.usable_blocks)
+
+    def budget_for(self, tokens: int | None, block_tokens: int) -> BlockBudget:
+        """The pool's blocks (its own block size, whatever block_tokens asks), at most `tokens`' worth."""
+        blocks = self.pool.num_blocks - 1
+        if tokens is not None:
+            blocks = min(blocks, budget_blocks(tokens, self.block_size))
+        return BlockBudget(self.block_size, blocks)
+
+    def use_budget(self, budget: BlockBudget) -> None:
+        if budget.blocks != self.pool.usable_blocks:
+            self.pool.cap(budget.blocks)
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.blocks.blocks_for(tokens)
+
+    def held_blocks(self, slot: int) -> int:
+        return len(self.blocks.blocks(slot))
+
     def blocks_to_grow(self, slot: int, n_tokens: int) -> int:
         """Blocks grow(slot, n_tokens) would take from the pool."""
         n_tokens = min(n_tokens, int(self._reserved[slot]))
@@ -101,6 +128,12 @@ class PagedKVCacheManager(KVCache):
         # free blocks first: counting the evictable ones walks the whole radix tree, and at batch 64 that walk,
         # once per request crossing into a new block, was a decode step's largest host cost
         return n <= self.pool.num_free or n <= self.available_blocks()
+
+    def used_blocks(self) -> int:
+        # the distinct blocks the slots' tables map (a shared prefix once; cached blocks nobody maps are free to
+        # evict): read from the table, not the radix tree, which the executor's thread may be changing
+        table = self.block_table
+        return int(np.unique(table[table != SCRATCH_BLOCK]).size)
 
     def grow(self, slot: int, n_tokens: int) -> None:
         """Blocks for SLOT's first n_tokens positions (at most its reservation); CapacityError when the pool
@@ -128,10 +161,6 @@ class PagedKVCacheManager(KVCache):
             grown = self.blocks.reserve(slot, end)
             if self.blocks.make_writable(slot, start, end) or grown:
                 self._sync(slot)
-
-    def admits(self, tokens: int, keep: float) -> bool:
-        reserve = max(1, int(self.pool.num_blocks * keep)) if keep else 0
-        return self.has_blocks(self.blocks.blocks_for(tokens) + reserve)
 
     def rows_fit_one_call(self, starts: dict[int, int], width: int) -> bool:
         # one attention op whatever the rows (Attention-24 in the twin: no branch on batch or past lengths), so

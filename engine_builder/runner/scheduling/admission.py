@@ -5,8 +5,8 @@
 
 Order: by priority (lower first, vLLM's convention), then arrival. A request is admitted when a row
 (a KV slot under max_batch) and the KV blocks it needs now (its context + the next step's tokens:
-optimistic, it grows later, kv_growth.py) are free beyond a watermark kept for the running requests'
-growth. When it does not fit:
+optimistic, it grows later, kv_growth.py) are free in the KV budget (the KV cache's: runner/kv/block_budget.py)
+beyond a watermark kept for the running requests' growth. When it does not fit:
 
   preemption   if running requests of strictly lower priority (a higher value) would free enough,
                the least urgent and newest of them are preempted by recompute (preemption.py): they
@@ -29,7 +29,7 @@ from engine_builder.runner.request_state import RequestState
 @dataclass(frozen=True)
 class Room:
     rows: int  # KV slots free for new sequences (max_batch - running, and slots actually free)
-    blocks: int  # KV budget blocks free
+    blocks: int  # KV budget blocks free (KVCache.available_blocks)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ Before, LLM.generate admitted a request when a KV slot was free and reserved pro
 positions for it up front (on a paged engine: that many blocks, or a CapacityError when the pool was short).
 Now each step does what the server's executor does (scheduler.py): grow the running requests by the blocks
 that step writes, preempting the least urgent by recompute when blocks run out, admit waiting ones by the
-blocks of their context (the KV budget and a paged engine's pool), prefill, decode: the same step function
-(engine_step.py). So with a budget of 4 full max_seq_len sequences 32 short requests run at once, each with
-the tokens it gets alone (tests/runner/test_generate_admission.py). A beam search request is admitted with a
-row and its whole length of budget per beam and decodes in the same steps.
+blocks of their context (the one KV budget the KV cache keeps: a paged engine's pool), prefill, decode: the
+same step function (engine_step.py). So with a budget of 4 full max_seq_len sequences 32 short requests run at
+once, each with the tokens it gets alone (tests/runner/test_generate_admission.py). A beam search request is
+admitted with a row and its whole length of budget per beam and decodes in the same steps.
 
 Prompts are prefilled whole when admitted, as before (max_tokens_per_step covers every slot's longest
 prompt): offline generation has no stream to keep pace with, and a chunk starting past position 0 takes the

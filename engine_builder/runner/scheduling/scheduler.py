@@ -7,10 +7,11 @@
     admit     by priority (lower first), then arrival: a waiting request enters when a row is free
               (fewer than max_batch run, a KV slot is free) and the KV budget has the blocks of its
               context plus the next step's tokens (optimistic, as vLLM: not prompt + max_new_tokens),
-              keeping a watermark of free blocks for the running requests' growth (kv_budget.py; a
-              paged engine's pool is checked the same way). The budget, not the slot
-              count, is what bounds concurrency: with a budget of 4 full max_seq_len sequences an
-              engine with 32 slots runs 32 short requests together. A more urgent request that does
+              keeping a watermark of free blocks for the running requests' growth. The budget is one
+              (runner/kv/block_budget.py), kept by the KV cache: a paged engine's pool (capped by
+              kv_budget_tokens when given), a slot engine's pool of counts. It, not the slot count, is
+              what bounds concurrency: with a budget of 4 full max_seq_len sequences an engine with 32
+              slots runs 32 short requests together. A more urgent request that does
               not fit preempts less urgent ones (preemption.py: recompute, identical tokens); a
               long request that does not fit may be overtaken by smaller ones at most max_overtakes
               times, then it blocks those behind it until it fits (admission.py).
@@ -21,8 +22,8 @@
               request continues next step where it stopped.
     decode    every admitted request past its prefill feeds its last token in one batched call.
 
-It plans and keeps the KV cache's books, over the KV interface alone (no backend, no Generator: tests
-run it over a bare KV manager, tests/runner/test_scheduler_alone.py); the step loop carries out the plan
+It plans over the KV interface alone, which keeps the books (no backend, no Generator, no budget of its own:
+tests run it over a bare KV manager, tests/runner/test_scheduler_alone.py); the step loop carries out the plan
 (engine_step.py). It belongs to the executor thread, except `waiting`, which Executor.submit appends to under
 the executor's lock.
 """
@@ -33,14 +34,14 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from engine_builder.runner.kv.block_budget import KVBudgetStats
 from engine_builder.runner.kv.kv_interface import KVCache
 from engine_builder.runner.kv.prefix_cache import PrefixCache
 from engine_builder.runner.request_state import RequestState
 from engine_builder.runner.sampling_params import SamplingParams
 from engine_builder.runner.scheduling.admission import Room, plan_admission
 from engine_builder.runner.scheduling.chunked_prefill import plan_chunks
-from engine_builder.runner.scheduling.kv_budget import KVBudget, KVBudgetStats
-from engine_builder.runner.scheduling.kv_growth import Blocks, grow_or_preempt
+from engine_builder.runner.scheduling.kv_growth import grow_or_preempt
 from engine_builder.runner.scheduling.preemption import Resumes
 from engine_builder.runner.scheduling.step_budget import StepBudget
 from engine_builder.runner.scheduling.step_plan import StepPlan
@@ -55,9 +56,10 @@ class SchedulerConfig:
     # None = auto: sized so a step's prefill costs about one decode step (step_budget.py)
     max_tokens_per_step: int | None = None
     max_queue: int = 256  # waiting requests beyond which submit() raises CapacityError (a server answers 429)
-    # KV cache budget in tokens for all running sequences together; None = every slot's max_seq_len
+    # KV cache budget in tokens for all running sequences together; None = what the KV cache holds (every slot's
+    # max_seq_len; a paged engine's pool). The KV cache keeps it (KVCache.budget_for): a paged pool is capped by it
     kv_budget_tokens: int | None = None
-    kv_block_tokens: int = KV_BUDGET_BLOCK_TOKENS  # admission counts KV in blocks of this many tokens
+    kv_block_tokens: int = KV_BUDGET_BLOCK_TOKENS  # a slot engine's budget counts blocks of this many tokens
     preemption: bool = True  # a more urgent request may preempt less urgent ones (recompute)
     max_overtakes: int = 8  # times smaller requests may overtake one that does not fit before it blocks them
     batch_prefill: bool = True  # short prompts finishing their prefill in a step share one call (prefill_groups.py)
@@ -83,15 +85,6 @@ class SchedulerConfig:
                               f"(its max_batch); use max_batch {kv_slots} or less, or rebuild with a larger max_batch")
         return self.max_batch
 
-    def budget_blocks(self, kv_slots: int, max_seq: int) -> int:
-        """The KV budget in blocks: kv_budget_tokens, or what the engine's slots hold."""
-        tokens = self.kv_budget_tokens if self.kv_budget_tokens is not None else kv_slots * max_seq
-        blocks = tokens // self.kv_block_tokens
-        if blocks < 1:
-            raise ConfigError(f"a KV budget of {tokens} tokens holds no block of {self.kv_block_tokens} tokens; "
-                              "raise the budget")
-        return blocks
-
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCache, *, max_input_len: int, step_tokens: int = 1,
@@ -102,8 +95,10 @@ class Scheduler:
         self.config = config
         self.kv, self.max_input_len = kv, max_input_len
         self.max_batch = config.batch_for(kv.batch_slots)
-        self.budget = KVBudget(config.kv_block_tokens, config.budget_blocks(kv.batch_slots, kv.max_seq))
-        self.watermark = max(1, int(self.budget.total_blocks * WATERMARK_SHARE))
+        # the KV cache's blocks under this config; it takes them (use_budget) when this scheduler plans a step, not
+        # here: LLM.generate checks requests with a scheduler of its own before it may drive (an Executor may)
+        self.budget = kv.budget_for(config.kv_budget_tokens, config.kv_block_tokens)
+        self.watermark = max(1, int(self.budget.blocks * WATERMARK_SHARE))
         self.lookahead = step_tokens  # positions one decode step may write per request
         self.resumes = Resumes(kv, prefix_cache)
         self._freed: list[tuple[int, int]] = []  # this step's preemptions' slots, for the plan
@@ -127,24 +122,28 @@ class Scheduler:
         """KV budget blocks r needs now (optimistic admission: it grows later, grow()), for each of its beams."""
         return self.budget.blocks_for(self.required(r)) * r.params.num_beams
 
+    def held(self, r: RequestState) -> int:
+        """KV budget blocks r's slots hold (what preempting it gives back)."""
+        return sum(self.kv.held_blocks(s) for s in r.slots)
+
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request the KV budget could never hold, before it waits forever: InputError, since retrying
         cannot help (a server answers 422, where a full queue's CapacityError is 429)."""
         if params.num_beams > self.max_batch:
             raise InputError(f"num_beams {params.num_beams} needs a sequence per beam but at most {self.max_batch} "
                              "run at once (max_batch); lower num_beams or raise max_batch")
-        blocks = self.budget.blocks_for(len(prompt_ids) + params.max_new_tokens) * params.num_beams
-        if blocks > self.budget.total_blocks:
-            limit = self.budget.total_blocks * self.budget.block_size
+        budget = self.budget
+        blocks = budget.blocks_for(len(prompt_ids) + params.max_new_tokens) * params.num_beams
+        if blocks > budget.blocks:
             raise InputError(f"prompt {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} needs "
-                             f"{blocks} KV blocks of {self.budget.block_size} tokens, the KV budget holds "
-                             f"{self.budget.total_blocks} ({limit} tokens); lower max_new_tokens or raise the "
-                             "budget")
+                             f"{blocks} KV blocks of {budget.block_tokens} tokens, the KV budget holds "
+                             f"{budget.blocks} ({budget.tokens} tokens); lower max_new_tokens or raise the budget")
 
     def schedule(self) -> StepPlan:
         """This step's plan: grow the running requests' KV (preempting when blocks run out), then admit what fits
         unless that preempted anyone (those just preempted would be readmitted only to thrash), then size the
         prefill chunks and name the decoders."""
+        self.kv.use_budget(self.budget)  # the KV cache counts by this scheduler's budget (a no-op once it does)
         before = set(self.running)
         self._freed = []
         preempted = self.grow()
@@ -159,37 +158,33 @@ class Scheduler:
     def grow(self) -> list[RequestState]:
         """Blocks for this step's writes to every running request, most urgent first; preempts the least
         urgent while they run out (kv_growth.py). Returns the preempted."""
-        kv = self.kv  # a paged layout's pool counts beside the budget (none: 0 and 0)
+        kv = self.kv
 
-        def shortfall(r: RequestState) -> Blocks:
+        def shortfall(r: RequestState) -> int:
             n = self.required(r)
-            return Blocks(self.need(r) - self.budget.held(r.index), sum(kv.blocks_to_grow(s, n) for s in r.slots))
-
-        def fits(need: Blocks) -> bool:
-            return need.budget <= self.budget.free and kv.has_blocks(need.pool)
+            return sum(kv.blocks_to_grow(s, n) for s in r.slots)
 
         def grow(r: RequestState) -> None:
-            if (extra := shortfall(r).budget) > 0:
-                self.budget.grow(r.index, extra)
             for slot in r.slots:
                 kv.grow(slot, self.required(r))
 
-        return grow_or_preempt(list(self.running.values()), shortfall=shortfall, fits=fits, grow=grow,
+        return grow_or_preempt(list(self.running.values()), shortfall=shortfall, fits=kv.has_blocks, grow=grow,
                                preempt=self._preempt)
 
     def _preempt(self, r: RequestState) -> None:
         del self.running[r.index]
-        self.budget.release(r.index)
-        self._freed += self.resumes.preempt(r)
+        self._freed += self.resumes.preempt(r)  # its slots, and with them its blocks, go back to the KV cache
         self.waiting.append(r)
 
     def admit(self) -> list[RequestState]:
         """Admit what fits now, preempting less urgent requests for more urgent ones; returns the preempted."""
+        if not self.waiting:
+            return []  # nobody to admit, nobody to preempt for
         kv = self.kv
         rows = sum(r.params.num_beams for r in self.running.values())
-        room = Room(min(self.max_batch - rows, kv.num_free), self.budget.free)
+        room = Room(min(self.max_batch - rows, kv.num_free), self._free_blocks())
         plan = plan_admission(self.waiting, list(self.running.values()), room, need=self.need,
-                              held=lambda r: self.budget.held(r.index), skips=self._skips,
+                              held=self.held, skips=self._skips,
                               max_overtakes=self.config.max_overtakes, preempt=self.config.preemption,
                               watermark=self.watermark, width=lambda r: r.params.num_beams)
         for r in plan.preempt:
@@ -197,7 +192,8 @@ class Scheduler:
         admitted = set()
         for r in plan.admit:
             n = self.required(r)
-            # the storage's own room (a paged pool), keeping a watermark for the running ones' growth
+            # the KV cache's room now (the plan counted a preempted request's blocks as freed, and a paged pool's
+            # block it shares with another is not), keeping a watermark for the running ones' growth
             if not kv.admits(n * r.params.num_beams, WATERMARK_SHARE if self.running or admitted else 0.0):
                 break
             try:
@@ -206,13 +202,19 @@ class Scheduler:
             except CapacityError:  # the pool is short even for a first request: the rest wait a step
                 break
             admitted.add(r.index)
-            self.budget.hold(r.index, self.need(r))
             self._skips.pop(r.index, None)
             self.running[r.index] = r
             self.resumes.load_prompt(r)
         if admitted:
             self.waiting = deque(r for r in self.waiting if r.index not in admitted)
         return list(plan.preempt)
+
+    def _free_blocks(self) -> int:
+        """The KV cache's available blocks, or as many as every waiting request and the watermark take (the plan
+        decides the same either way): a paged pool counts its evictable cached prefixes by walking the radix tree,
+        which at a large cache would cost a step's host time; has_blocks asks its free blocks first."""
+        enough = self.watermark + sum(self.need(r) for r in self.waiting)
+        return enough if self.kv.has_blocks(enough) else self.kv.available_blocks()
 
     # --- prefill and decode -----------------------------------------------------------------------
 
@@ -234,7 +236,6 @@ class Scheduler:
     # --- leaving ----------------------------------------------------------------------------------
 
     def _forget(self, r: RequestState) -> None:
-        self.budget.release(r.index)
         self.resumes.forget(r)
         self._skips.pop(r.index, None)
 
@@ -259,7 +260,9 @@ class Scheduler:
         return done
 
     def kv_stats(self) -> KVBudgetStats:
-        return self.budget.stats()
+        """The KV budget's figures (this scheduler's, even before it planned a step), asked of the KV cache; safe
+        from another thread (Executor.stats)."""
+        return KVBudgetStats(self.budget.block_tokens, self.budget.blocks, self.kv.used_blocks())
 
     @property
     def all_ids(self) -> list[int]:
