@@ -48,7 +48,8 @@ def parallel_engine(tiny_llama_words, tmp_path_factory):
             if (tp, pp) == (2, 1):  # as a user does it: the commands
                 for args in (("convert", tiny_llama_words, root / "ckpt", "--dtype", "float32", "--tp", "2"),
                              ("build", root / "ckpt", root / "engine", "--target", "onnxruntime", "--dtype",
-                              "float32", *(f"--{k.replace('_', '-')}={v}" for k, v in vars(LIMITS).items()))):
+                              "float32", f"--max-batch={LIMITS.max_batch}", f"--max-input-len={LIMITS.max_input_len}",
+                              f"--max-seq-len={LIMITS.max_seq_len}")):
                     proc = trtbuild(*args)
                     assert proc.returncode == 0, proc.stderr
             else:  # the library functions behind them
