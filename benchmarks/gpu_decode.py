@@ -12,7 +12,8 @@ carries the checkpoint's tensors the torch backend runs), then, side by side in 
               ignored; tok/s = generated tokens / wall time of the generate call), time to first token of a
               1,024-token prompt, a prefix-cache hit on a 1,000-token system prompt vs cold, --serve requests
               of 128 in / 128 out through LLM.generate's in-flight batching (output tok/s); CUDA graph capture
-              seconds
+              seconds. Decode and serve also with async scheduling (keys async_*: the same LLM with
+              runner/async_decode.py's policy, what LLM(..., async_scheduling=True) runs), alternating runs
     hf        transformers' generate on the same weights and prompts: eager (dynamic cache) and
               cache_implementation="static" (its automatic torch.compile; warm-up excluded), min_new_tokens so
               both do the same steps; its 1,024-token prefill
@@ -211,7 +212,13 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     if llm.backend.compiled is not None:  # compiled during the captures' warm-up (or the first steps)
         out["torch_compile_s"] = round(llm.backend.compiled.seconds, 2)
 
-    def timed(ids, new_tokens) -> tuple[float, list]:
+    from engine_builder.runner.async_decode import AsyncDecode
+    from engine_builder.runner.generate import PlainDecode
+
+    policies = {"": PlainDecode(), "async_": AsyncDecode()}  # the key prefix of each one's figures
+
+    def timed(ids, new_tokens, policy: str = "") -> tuple[float, list]:
+        llm.generator.decoding = policies[policy]
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
         sync()
         t = time.perf_counter()
@@ -219,15 +226,22 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
         return time.perf_counter() - t, res
 
     out["greedy_32"] = list(timed(prompts(vocab, 1, 16, seed=1), 32)[1][0].token_ids)
+    out["async_greedy_32_equal"] = list(timed(prompts(vocab, 1, 16, seed=1), 32, "async_")[1][0].token_ids) == \
+        out["greedy_32"]
     save()
     for batch in args.batch:
         ids = prompts(vocab, batch, 16, seed=batch)
-        timed(ids, 8)  # warm-up (the eager prefill's kernels)
-        walls = [timed(ids, args.new_tokens)[0] for _ in range(args.runs)]
-        wall = statistics.median(walls)
-        out[f"decode_b{batch}_tok_s"] = round(batch * args.new_tokens / wall, 1)
-        out[f"decode_b{batch}_runner_decode_tok_s"] = round(llm.last_timings.decode_tok_s, 1)
-        log(f"ours b{batch}: {out[f'decode_b{batch}_tok_s']} tok/s (walls {[round(w, 3) for w in walls]})")
+        for policy in policies:
+            timed(ids, 8, policy)  # warm-up (the eager prefill's kernels)
+        walls: dict[str, list[float]] = {policy: [] for policy in policies}
+        for _ in range(args.runs):  # alternating: a drift of the machine hits both alike
+            for policy in policies:
+                walls[policy].append(timed(ids, args.new_tokens, policy)[0])
+                out[f"{policy}decode_b{batch}_runner_decode_tok_s"] = round(llm.last_timings.decode_tok_s, 1)
+        for policy, w in walls.items():
+            out[f"{policy}decode_b{batch}_tok_s"] = round(batch * args.new_tokens / statistics.median(w), 1)
+            log(f"ours {policy or 'plain_'}b{batch}: {out[f'{policy}decode_b{batch}_tok_s']} tok/s "
+                f"(walls {[round(x, 3) for x in w]})")
         save()
     long = prompts(vocab, 6, 1024, seed=7)
     timed(long[:1], 1)
@@ -243,14 +257,15 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     save()
     if args.serve:
         ids = prompts(vocab, args.serve, 128, seed=13)
-        timed(ids[:8], 4)
-        wall, res = timed(ids, 128)
-        out[f"serve_{args.serve}x128_out_tok_s"] = round(args.serve * 128 / wall, 1)
-        t = llm.last_timings  # where the wall went: prefill steps, decode steps (their tok/s and count)
-        out[f"serve_{args.serve}x128_timings"] = t.to_json() | {"wall_s": round(wall, 3),
-                                                               "decode_s": round(t.decode_seconds, 3)}
-        log(f"ours serve {args.serve}x128/128: {out[f'serve_{args.serve}x128_out_tok_s']} tok/s "
-            f"({out[f'serve_{args.serve}x128_timings']})")
+        for policy in policies:
+            timed(ids[:8], 4, policy)
+            wall, res = timed(ids, 128, policy)
+            key = f"{policy}serve_{args.serve}x128"
+            out[f"{key}_out_tok_s"] = round(args.serve * 128 / wall, 1)
+            t = llm.last_timings  # where the wall went: prefill steps, decode steps (their tok/s and count)
+            out[f"{key}_timings"] = t.to_json() | {"wall_s": round(wall, 3), "decode_s": round(t.decode_seconds, 3)}
+            log(f"ours {policy}serve {args.serve}x128/128: {out[f'{key}_out_tok_s']} tok/s ({out[f'{key}_timings']})")
+            save()
     llm.close()
     del llm
     gc.collect()
@@ -348,12 +363,14 @@ def main() -> None:
                 row["ours"]["b1_achieved_tb_s"] = round(b1 * weights / 1e12, 3)
             save()
     save()
-    print("\nshape      | ours b1 | HF eager b1 | HF static b1 | ours b64 | HF static b64 | ceiling b1 | ttft 1024 ms")
+    print("\nshape      | ours b1 (async) | HF eager b1 | HF static b1 | ours b64 (async) | HF static b64 | ceiling b1 "
+          "| ttft 1024 ms")
     for shape in args.shapes:
         r, o, h = result[shape], result[shape].get("ours", {}), result[shape].get("hf", {})
-        print(f"{shape:10} | {o.get('decode_b1_tok_s')} | {h.get('eager_b1_tok_s')} | {h.get('static_b1_tok_s')} | "
-              f"{o.get('decode_b64_tok_s')} | {h.get('static_b64_tok_s')} | {r['ceiling_b1_tok_s']} | "
-              f"{o.get('ttft_1024_ms')} (HF prefill {h.get('prefill_1024_ms')})")
+        print(f"{shape:10} | {o.get('decode_b1_tok_s')} ({o.get('async_decode_b1_tok_s')}) | {h.get('eager_b1_tok_s')} "
+              f"| {h.get('static_b1_tok_s')} | {o.get('decode_b64_tok_s')} ({o.get('async_decode_b64_tok_s')}) | "
+              f"{h.get('static_b64_tok_s')} | {r['ceiling_b1_tok_s']} | {o.get('ttft_1024_ms')} "
+              f"(HF prefill {h.get('prefill_1024_ms')})")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import typer
 from engine_builder.cli.console import BACKEND_HELP, verbose
 from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.scheduling_options import AsyncScheduling
 from engine_builder.util.errors import TrtbuildError
 
 HELP = ("commands: /image PATH attaches an image to your next message (vision-language engines), /reset forgets "
@@ -37,6 +38,7 @@ def chat(
                                                     "prefills only what is new (onnxruntime backend).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
+    async_scheduling: AsyncScheduling = False,
     limit_mm_per_prompt: LimitMmPerPrompt = None,
     max_image_bytes: MaxImageBytes = None,
     max_image_pixels: MaxImagePixels = None,
@@ -59,7 +61,8 @@ def chat(
     memory = kv_cache_bytes(kv_cache_memory)
     image_limits = image_limits_from_flags(limit_mm_per_prompt, max_image_bytes, max_image_pixels)
     llm = LLM(engine_dir, backend=backend, speculative=spec, prefix_cache=prefix_cache, kv_cache_memory=memory,
-              gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits)
+              gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits,
+              async_scheduling=async_scheduling)
     session = ChatSession(llm, system, llm.default_params(max_new_tokens=max_new_tokens, temperature=temperature,
                                                           seed=seed))
     interactive = sys.stdin.isatty()

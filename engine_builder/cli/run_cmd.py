@@ -22,6 +22,7 @@ import typer
 from engine_builder.cli.console import BACKEND_HELP
 from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.scheduling_options import AsyncScheduling
 from engine_builder.util.errors import InputError
 
 
@@ -70,6 +71,7 @@ def run(
                                                     "backend; same answers at temperature 0).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
+    async_scheduling: AsyncScheduling = False,
     image: Annotated[list[Path] | None, typer.Option(
         "--image", help="An image for a vision-language engine (PNG, JPEG, WebP, GIF); repeat for several. Each "
                         "takes an image token's place in the prompt; with none there, the images go first.")] = None,
@@ -120,7 +122,8 @@ def run(
     from engine_builder.runner.llm import LLM
 
     llm = LLM(engine_dir, backend=backend, verify=not no_verify, speculative=spec, prefix_cache=prefix_cache,
-              kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits)
+              kv_cache_memory=memory, gpu_memory_utilization=gpu_memory_utilization, image_limits=image_limits,
+              async_scheduling=async_scheduling)
     params = llm.default_params(**user)
     if chat is None:  # an instruct model answers its template; llama.cpp's CLI applies it by default too
         chat = bool(getattr(llm.tokenizer, "chat_template", None))

@@ -18,6 +18,7 @@ import typer
 from engine_builder.cli.console import BACKEND_HELP
 from engine_builder.cli.image_options import LimitMmPerPrompt, MaxImageBytes, MaxImagePixels
 from engine_builder.cli.kv_options import GpuMemoryUtilization, KVCacheMemory, kv_cache_bytes
+from engine_builder.cli.scheduling_options import AsyncScheduling
 from engine_builder.server.config import (
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -127,6 +128,7 @@ def serve(
     limit_mm_per_prompt: LimitMmPerPrompt = None,
     max_image_bytes: MaxImageBytes = None,
     max_image_pixels: MaxImagePixels = None,
+    async_scheduling: AsyncScheduling = False,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.
@@ -168,7 +170,7 @@ def serve(
                  max_connections=max_connections, stalled_stream_timeout=stalled_stream_timeout,
                  on_ready=lambda url: print(f"serving at {url}", flush=True),
                  log=lambda line: print(line, file=sys.stderr, flush=True), log_format=log_format,
-                 verify=not no_verify, speculative=spec, image_limits=images)
+                 verify=not no_verify, speculative=spec, image_limits=images, async_scheduling=async_scheduling)
     # shut down cleanly: a process manager's second SIGTERM while the interpreter tears down (onnxruntime's
     # threads take a moment) must not turn exit 0 into death by signal
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

@@ -56,6 +56,8 @@ class Backend(ABC):
     max_input_len: int  # longest multi-token step the engine takes (TensorRT prefill profile)
     logits_tail: int = 1  # a step's logits cover its last min(seq, logits_tail) positions (graph metadata)
     takes_images: bool = False  # a vision-language twin whose steps take image features (bind_images)
+    # steps take ModelInput.device_tokens (the last step's samples left on the device: async scheduling)
+    takes_device_tokens: bool = False
     execute_seconds: float  # wall time inside the engine call, summed over every step
 
     @classmethod
@@ -77,6 +79,8 @@ class Backend(ABC):
         """Logits [num_logits, vocab] float32 of batch.logits_indices' tokens, after one engine call that writes
         every token's KV at its position. A slot engine runs it as one rectangle over the slots' range (rows no
         sequence of the batch holds ride along with token 0 at their own length, their logits dropped)."""
+        if batch.device_tokens is not None:
+            raise UnsupportedError(f"the {self.name} backend takes token ids from the host only (no async scheduling)")
         rows = SlotRows.of(batch)
         self.bind(rows.first_slot, rows.input_ids)
         if batch.images is not None:

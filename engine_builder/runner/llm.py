@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_builder.runner.async_decode import AsyncDecode
 from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embeddings import Embeddings
 from engine_builder.runner.engine import EngineDir
@@ -76,7 +77,8 @@ class LLM:
                  threads: int | None = None, verify: bool = True, prefix_cache: bool = True,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, speculative: SpeculativeConfig | str | None = None,
                  kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None,
-                 gpu_memory_utilization: float | None = None, image_limits: ImageLimits = ImageLimits()) -> None:
+                 gpu_memory_utilization: float | None = None, image_limits: ImageLimits = ImageLimits(),
+                 async_scheduling: bool = False) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -100,9 +102,15 @@ class LLM:
         speculative: "ngram", or a SpeculativeConfig (e.g. a draft engine dir): draft tokens verified k+1 at a
         time, same tokens at temperature 0, same distribution when sampling (runner/speculative/).
         image_limits: what one request's images may be on a vision-language engine (images per prompt, bytes and
-        pixels of each: runner/vision/image_limits.py); more is an InputError."""
+        pixels of each: runner/vision/image_limits.py); more is an InputError.
+        async_scheduling: the torch backend launches each decode step before the last one's tokens reach the host, so
+        the host's per-token work overlaps the GPU's (runner/async_decode.py; vLLM's --async-scheduling): the same
+        tokens, each request's last one a step later; not with speculative decoding."""
         self._image_limits = image_limits
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
+        if async_scheduling and spec is not None:
+            raise InputError("async scheduling and speculative decoding do not combine (a verify step needs the "
+                             "last tokens on the host); leave one of them out")
         SchedulerConfig(kv_budget_tokens=kv_budget_tokens)  # so does a bad budget (ConfigError)
         # the files' sha256 are checked in a thread while the tokenizer and the backend load (cold start,
         # issue 16); _open() waits for them before it returns, so a changed file is refused before any token
@@ -112,7 +120,7 @@ class LLM:
             turns = sessions_take_turns() if spec is not None and spec.method == "draft" else contextlib.nullcontext()
             with turns:
                 self._open(spec, backend, seed, threads, prefix_cache, prefix_cache_bytes, kv_cache_memory,
-                           gpu_memory_utilization)
+                           gpu_memory_utilization, async_scheduling)
             if self._generator is not None:
                 self._generator.admission = self._admission(kv_budget_tokens)
         except Exception:
@@ -126,7 +134,7 @@ class LLM:
 
     def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
               prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None,
-              gpu_memory_utilization: float | None = None) -> None:
+              gpu_memory_utilization: float | None = None, async_scheduling: bool = False) -> None:
         # exactly one of the two is set: embeddings over an encoder engine, the generation loop over a decoder
         self.embeddings: Embeddings | None = None
         self._generator: Generator | None = None
@@ -143,6 +151,9 @@ class LLM:
         if self.tokenizer.eos_token_id is not None:
             eos.insert(0, self.tokenizer.eos_token_id)
         try:
+            if async_scheduling and not self._backend.takes_device_tokens:
+                raise InputError(f"async scheduling overlaps the host with a GPU's steps; the {self._backend.title} "
+                                 "backend computes on the host. Run with --backend torch, or leave it out")
             self._check_pool_options(kv_cache_memory, gpu_memory_utilization)
             if kv_cache_memory is not None:  # before the prefix cache takes the pool it holds
                 self._backend.resize_kv(kv_cache_memory)
@@ -152,8 +163,9 @@ class LLM:
         cache = None
         if prefix_cache and self._backend.reprefill_after is None:  # longrope: cached keys change past a length
             cache = self._backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
-        decoding = None if spec is None else speculative_decode(spec, self._backend, self.tokenizer, seed=seed,
-                                                                threads=threads)
+        decoding = AsyncDecode() if async_scheduling else None
+        if spec is not None:
+            decoding = speculative_decode(spec, self._backend, self.tokenizer, seed=seed, threads=threads)
         generator = Generator(self._backend, self.tokenizer, eos, self._backend.make_sampler(seed), cache, decoding)
         # answers too: a conversation's next prompt starts with this one and its answer (multi-turn reuse); the
         # slot layout's copying cache only (a paged engine shares prompt blocks by reference; chat sessions there

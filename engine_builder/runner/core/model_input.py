@@ -13,6 +13,7 @@ The arrays are numpy on the host; a device backend copies them once per step (a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,17 @@ class ImageEmbeds:
 
 
 @dataclass(frozen=True)
+class DeviceTokens:
+    """Token ids still on the backend's device: the previous step's samples, which the step takes without waiting
+    for them to reach the host (async scheduling, runner/async_decode.py). token_ids[rows[i]] is source[index[i]];
+    what token_ids holds at those rows is stale. Only a backend with `takes_device_tokens` accepts them."""
+
+    rows: np.ndarray  # [m] int64: indices into ModelInput.token_ids
+    source: Any  # [k] int64, a tensor on the backend's device
+    index: np.ndarray  # [m] int64: indices into source
+
+
+@dataclass(frozen=True)
 class ModelInput:
     token_ids: np.ndarray  # [num_tokens] int64: every sequence's new tokens, back to back
     positions: np.ndarray  # [num_tokens] int64: each token's position in its sequence
@@ -35,6 +47,7 @@ class ModelInput:
     slots: np.ndarray  # [num_seqs] int64: the KV cache slot (the KV manager's sequence id) of each sequence
     logits_indices: np.ndarray  # [num_logits] int64: flat token indices whose logits come back, in this order
     images: ImageEmbeds | None = None  # a vision-language prefill: the features spliced in at image positions
+    device_tokens: DeviceTokens | None = None  # ids to take from the device instead (async scheduling)
 
     @property
     def num_seqs(self) -> int:
@@ -49,13 +62,14 @@ class ModelInput:
         return np.diff(self.query_start)
 
     @classmethod
-    def decode(cls, slots: np.ndarray, token_ids: np.ndarray, lengths: np.ndarray) -> ModelInput:
+    def decode(cls, slots: np.ndarray, token_ids: np.ndarray, lengths: np.ndarray,
+               device_tokens: DeviceTokens | None = None) -> ModelInput:
         """One token per sequence (token_ids [seqs] at slots' lengths [seqs]), each one's logits."""
         n = len(slots)
         at = np.arange(n, dtype=np.int64)
         return cls(token_ids=token_ids.astype(np.int64, copy=False), positions=lengths.astype(np.int64, copy=True),
                    query_start=np.arange(n + 1, dtype=np.int64), context_lens=lengths + 1,
-                   slots=slots.astype(np.int64, copy=False), logits_indices=at)
+                   slots=slots.astype(np.int64, copy=False), logits_indices=at, device_tokens=device_tokens)
 
     @classmethod
     def ragged(cls, slots: np.ndarray, tokens: list[np.ndarray], lengths: np.ndarray,

@@ -7,7 +7,9 @@ repeats n), context length 0, block table all scratch, so their keys and values 
 their logits are dropped.
 
 Everything the step reads lives in one static int64 device buffer (ids, positions, context lengths, query
-starts, block tables): a step is one host-to-device copy from a pinned staging buffer, then the replay.
+starts, block tables): a step is one host-to-device copy from a pinned staging buffer, then the replay. Under
+async scheduling some ids are the last step's samples, still on the device (ModelInput.device_tokens): the
+buffer also carries where they go and where they come from, and one gather puts them in before the replay.
 """
 
 from __future__ import annotations
@@ -42,32 +44,53 @@ def buckets(max_batch: int) -> list[int]:
 
 
 class DecodeInputs:
-    """The static inputs of a decode step of `size` rows, packed in one int64 device buffer, and their host
-    staging buffer (pinned on CUDA): fill() writes a batch and its padding there, one copy moves it."""
+    """The static inputs of a decode step of `size` rows, packed in one int64 device buffer, and two host staging
+    buffers (pinned on CUDA), used in turn: fill() writes a batch and its padding into one, one copy moves it.
+
+    The copy is asynchronous, so a staging buffer is written again only once its last copy has run (an event). Two
+    of them let a fill go ahead while the last step's copy still waits for the GPU: async scheduling fills step
+    N+1 while step N, its copy included, may not have started."""
 
     def __init__(self, device: torch.device, size: int, width: int) -> None:
         self.size, self.width = size, width
-        n = size * (4 + width) + 1
+        n = size * (6 + width) + 1
         self.buffer = torch.zeros(n, dtype=torch.int64, device=device)
-        self.staging = torch.zeros(n, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.host = self.staging.numpy()
+        pinned = device.type == "cuda"
+        self._staging = [torch.zeros(n, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._copied: list[torch.cuda.Event | None] = [None, None]  # each staging buffer's last copy
+        self._turn = 0
         b = self.buffer
         self.ids, self.positions, self.context_lens = b[:size], b[size:2 * size], b[2 * size:3 * size]
         self.query_start = b[3 * size:4 * size + 1]
-        self.tables = b[4 * size + 1:].view(size, width)
+        self.tables = b[4 * size + 1:(4 + width) * size + 1].view(size, width)
+        self.gather = b[(4 + width) * size + 1:].view(2, size)  # device tokens: rows, and indices into the source
         self.rows = torch.arange(size, device=device)  # each row's token is its sequence's, and its logits' index
 
     def fill(self, batch: ModelInput, tables: np.ndarray) -> None:
         """Batch's n sequences in rows 0..n-1 (tables [n, width]), padding past them; then the copy (async on
-        CUDA: the sampler's read of the step's token ids waits for it before the next fill)."""
-        n, s, h = batch.num_seqs, self.size, self.host
+        CUDA), and the ids still on the device (batch.device_tokens) gathered in."""
+        staging, copied = self._staging[self._turn], self._copied[self._turn]
+        if copied is not None:
+            copied.synchronize()  # its last copy has run (at once, but for a step still queued two fills ago)
+        n, s, h = batch.num_seqs, self.size, staging.numpy()
         h[:n], h[n:s] = batch.token_ids, 0
         h[s:s + n], h[s + n:2 * s] = batch.positions, 0
         h[2 * s:2 * s + n], h[2 * s + n:3 * s] = batch.context_lens, 0  # padding rows attend to nothing
         h[3 * s:3 * s + n + 1], h[3 * s + n + 1:4 * s + 1] = batch.query_start, n  # and have no queries
+        end = (4 + self.width) * s + 1
         h[4 * s + 1:4 * s + 1 + n * self.width].reshape(n, self.width)[:] = tables
-        h[4 * s + 1 + n * self.width:] = SCRATCH_BLOCK  # their keys and values land in the scratch block
-        self.buffer.copy_(self.staging, non_blocking=True)
+        h[4 * s + 1 + n * self.width:end] = SCRATCH_BLOCK  # their keys and values land in the scratch block
+        taken = batch.device_tokens
+        if taken is not None:
+            h[end:end + len(taken.rows)], h[end + s:end + s + len(taken.rows)] = taken.rows, taken.index
+        self.buffer.copy_(staging, non_blocking=True)
+        if staging.is_pinned():
+            self._copied[self._turn] = torch.cuda.Event()
+            self._copied[self._turn].record()
+        self._turn = 1 - self._turn
+        if taken is not None:
+            m = len(taken.rows)
+            self.ids.index_copy_(0, self.gather[0, :m], taken.source.index_select(0, self.gather[1, :m]))
 
     def step(self, backend: StepModel) -> torch.Tensor:
         """The model over these inputs: logits [size, vocab]."""

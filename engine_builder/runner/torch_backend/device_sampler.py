@@ -56,31 +56,18 @@ class TorchSampler(Sampler):
         if not isinstance(logits, torch.Tensor):
             return super().__call__(logits, states)
         _check(logits, states)
-        if all(_plain_greedy(s) for s in states):
-            return SampleOutput(logits.argmax(dim=-1).cpu().numpy(), (None,) * len(states))  # [batch] int64
-
-        batch, vocab = logits.shape
-        host = _host_inputs(states, vocab)
-        sample_rows = host.arrays["sample_rows"]
-        rngs = [self._rng if states[r].rng is None else states[r].rng for r in sample_rows]
-        # u in (0, 1], as Sampler draws it: a zero-weight token is then never the first with cdf >= target
-        host.arrays["u"] = np.array([1.0 - g.random() for g in rngs], dtype=np.float64)  # [sampling rows]
+        tokens, processed, dev = self._tokens(logits, states)
+        batch = len(states)
         lp_rows = np.flatnonzero([s.params.logprobs is not None for s in states])
-        host.arrays["lp_rows"] = lp_rows
-        dev = _to_device(logits.device, host.arrays)
-
-        processed = _process(logits, dev, host)  # [batch, vocab]
-        tokens = processed.argmax(dim=-1)  # [batch] int64; greedy rows keep this
-        if sample_rows.size:
-            tokens[dev["sample_rows"]] = _draw(processed[dev["sample_rows"]], dev["u"])
         if not lp_rows.size:
             return SampleOutput(tokens.cpu().numpy(), (None,) * batch)
 
         source = logits if self.logprobs_mode == "raw" else processed  # raw: before the bias and the mask too
-        logp = _log_softmax(source[dev["lp_rows"]].float())  # [lp rows, vocab]
-        chosen = logp.gather(1, tokens[dev["lp_rows"]][:, None])  # [lp rows, 1]
+        lp_dev = dev["lp_rows"]
+        logp = _log_softmax(source[lp_dev].float())  # [lp rows, vocab]
+        chosen = logp.gather(1, tokens[lp_dev][:, None])  # [lp rows, 1]
         ranks = (logp > chosen).sum(dim=-1) + 1  # [lp rows]; 1 = the most likely
-        ns = [min(states[r].params.logprobs, vocab) for r in lp_rows]
+        ns = [min(states[r].params.logprobs, logits.shape[1]) for r in lp_rows]
         top_lp, top_ids = logp.topk(max(ns), dim=-1)  # [lp rows, n_max], most likely first
         tokens_h, chosen_h, ranks_h, top_lp_h, top_ids_h = _to_host(tokens, chosen[:, 0], ranks, top_lp, top_ids)
         out: list[TokenLogprobs | None] = [None] * batch
@@ -89,12 +76,60 @@ class TorchSampler(Sampler):
             out[r] = TokenLogprobs(int(tokens_h[r]), float(chosen_h[i]), int(ranks_h[i]), pairs)
         return SampleOutput(tokens_h.astype(np.int64), tuple(out))
 
+    def launch(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> DeviceSample:
+        """Each row's token, left on the logits' device with its copy to the host under way: async scheduling's
+        next step takes them from there (runner/async_decode.py) before the host has them. No logprobs."""
+        _check(logits, states)
+        if any(s.params.logprobs is not None for s in states):
+            raise ValueError("launch() samples tokens only; a row asking for logprobs goes through __call__")
+        return DeviceSample(self._tokens(logits, states)[0])
+
+    def _tokens(self, logits: torch.Tensor, states: Sequence[SamplingState]
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """[batch] int64 tokens on the device, the logits they were chosen from, and the step's uploaded arrays
+        ("lp_rows": the rows asking for logprobs); the uniforms are drawn here, on the host, in Sampler's order."""
+        if all(_plain_greedy(s) for s in states):
+            return logits.argmax(dim=-1), logits, {}  # [batch] int64
+        host = _host_inputs(states, logits.shape[1])
+        sample_rows = host.arrays["sample_rows"]
+        rngs = [self._rng if states[r].rng is None else states[r].rng for r in sample_rows]
+        # u in (0, 1], as Sampler draws it: a zero-weight token is then never the first with cdf >= target
+        host.arrays["u"] = np.array([1.0 - g.random() for g in rngs], dtype=np.float64)  # [sampling rows]
+        host.arrays["lp_rows"] = np.flatnonzero([s.params.logprobs is not None for s in states])
+        dev = _to_device(logits.device, host.arrays)
+        processed = _process(logits, dev, host)  # [batch, vocab]
+        tokens = processed.argmax(dim=-1)  # [batch] int64; greedy rows keep this
+        if sample_rows.size:
+            tokens[dev["sample_rows"]] = _draw(processed[dev["sample_rows"]], dev["u"])
+        return tokens, processed, dev
+
     def process_on_device(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
         """Sampler.process on the logits' device: [batch, vocab] float32, penalized for every row, then
         temperature/top_k/top_p/min_p-warped for sampling rows."""
         _check(logits, states)
         host = _host_inputs(states, logits.shape[1])
         return _process(logits, _to_device(logits.device, host.arrays), host)
+
+
+class DeviceSample:
+    """A step's sampled tokens on the device ([batch] int64 `tokens`), on their way to the host: on CUDA a copy into
+    pinned memory queued behind the sampling, and an event the host waits on only in token_ids()."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+        self._ready: torch.cuda.Event | None = None
+        self._host = tokens
+        if tokens.device.type == "cuda":
+            self._host = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def token_ids(self) -> np.ndarray:
+        """[batch] int64 on the host, once the step's sampling has run."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.cpu().numpy()
 
 
 def _check(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:

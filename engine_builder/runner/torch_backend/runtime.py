@@ -50,6 +50,7 @@ class TorchRuntime(Backend):
     name: ClassVar[str] = "torch"
     title: ClassVar[str] = "PyTorch"
     kv: PagedKVCacheManager  # type: ignore[assignment]
+    takes_device_tokens = True
 
     @classmethod
     def usable(cls, engine: EngineDir) -> tuple[bool, str]:  # the registry asks registered.py's TorchBackend
@@ -195,7 +196,11 @@ class TorchRuntime(Backend):
             ids = _image_runs(batch.images, batch.num_tokens) if self._images_both_ways else None
             images = ImageSplice(put(batch.images.token_index), put(batch.images.embeds),
                                  put(ids) if ids is not None else None)
-        return self.run_model(put(batch.token_ids), put(batch.positions), put(tables), put(batch.context_lens),
+        ids = put(batch.token_ids)
+        if batch.device_tokens is not None:  # the last step's samples, still on the device (async scheduling)
+            taken = batch.device_tokens
+            ids.index_copy_(0, put(taken.rows), taken.source.index_select(0, put(taken.index)))
+        return self.run_model(ids, put(batch.positions), put(tables), put(batch.context_lens),
                               put(batch.query_start), put(np.repeat(np.arange(batch.num_seqs), batch.query_lens)),
                               put(batch.logits_indices), max_query_len=int(batch.query_lens.max()), images=images)
 

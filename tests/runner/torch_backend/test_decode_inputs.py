@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_builder.formats.build_config import Limits
-from engine_builder.runner.core.model_input import ModelInput
+from engine_builder.runner.core.model_input import DeviceTokens, ModelInput
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.torch_backend.cuda_graphs import DecodeInputs, buckets
@@ -51,6 +51,19 @@ def test_a_padded_bucket_gives_the_eager_logits_and_pads_write_only_scratch(back
         k[SCRATCH_BLOCK] = kept
     for s in slots:
         backend.kv.free(int(s))
+
+
+def test_fill_gathers_the_ids_still_on_the_device_into_their_rows():
+    """Async scheduling: rows 0 and 2 take the last step's samples (source[2], source[0]); row 1 its host id.
+    Filled twice in a row (both staging buffers), so the second fill's values cannot be the first's."""
+    inputs = DecodeInputs(torch.device("cpu"), 4, 3)
+    tables = np.zeros((3, 3), np.int64)
+    for source, host in ((torch.tensor([70, 71, 72]), [5, 6, 7]), (torch.tensor([80, 81, 82]), [8, 9, 10])):
+        taken = DeviceTokens(np.array([0, 2]), source, np.array([2, 0]))
+        batch = ModelInput.decode(np.arange(3), np.array(host), np.array([4, 5, 6]), taken)
+        inputs.fill(batch, tables)
+        assert inputs.ids.tolist() == [int(source[2]), host[1], int(source[0]), 0]  # row 3: padding
+        assert inputs.positions.tolist() == [4, 5, 6, 0]
 
 
 def test_buckets_cover_every_batch_size():
