@@ -205,12 +205,10 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     started = time.perf_counter()
     llm = LLM(engine, backend="torch", verify=False)
     out.update(load_s=round(time.perf_counter() - started, 2), backend=llm.backend_name)
-    graphs = llm.backend._graphs
-    if graphs is not None:
-        out["cuda_graph_capture_s"] = round(graphs.capture_all(), 2)
-        out["cuda_graph_buckets"] = graphs.sizes
-    if llm.backend.compiled is not None:  # compiled during the captures' warm-up (or the first steps)
-        out["torch_compile_s"] = round(llm.backend.compiled.seconds, 2)
+    warm = llm.warm_up(log)  # what serve does before it listens
+    if warm is not None:
+        out.update(warm_up_s=round(warm.seconds, 2), torch_compile_s=round(warm.compile_seconds, 2),
+                   cuda_graph_capture_s=round(warm.capture_seconds, 2), cuda_graphs=warm.graphs)
 
     from engine_builder.runner.async_decode import AsyncDecode
     from engine_builder.runner.generate import PlainDecode

@@ -32,7 +32,8 @@ backend_choice.py's business; the generation loop only sees this interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -44,6 +45,17 @@ from engine_builder.runner.sampler import Sampler
 from engine_builder.util.errors import UnsupportedError
 
 KVUpdate = Literal["in_place", "copy"]
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What a backend's warm_up took: seconds in all, of them compiling (torch.compile) and capturing decode graphs
+    (`graphs` of them, one per batch-size bucket)."""
+
+    seconds: float
+    compile_seconds: float
+    capture_seconds: float
+    graphs: int
 
 
 class Backend(ABC):
@@ -155,6 +167,11 @@ class Backend(ABC):
                 self.kv.advance(d, n - have)
             else:
                 self.kv.rewind(d, n)
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
+        """Compile and capture now what the first steps would (a server's start, before it listens), telling
+        progress what; None: nothing to warm (a host backend's sessions are ready when opened)."""
+        return None
 
     def close(self) -> None:  # noqa: B027  (optional: nothing to release by default)
         """Release engine resources; the backend cannot be used afterwards."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from engine_builder.runner.async_decode import AsyncDecode
+from engine_builder.runner.backend import WarmUp
 from engine_builder.runner.backend_choice import open_backend
 from engine_builder.runner.embeddings import Embeddings
 from engine_builder.runner.engine import EngineDir
@@ -319,6 +320,12 @@ class LLM:
     def last_timings(self) -> Timings | None:
         """Timings of the last finished generate/stream/chat call (None before one, and on an encoder engine)."""
         return self._generator.timings if self._generator is not None else None
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
+        """Compile and capture now what the first requests would pay for (the torch backend on a GPU: torch.compile
+        of the layers, a CUDA graph per batch-size bucket; `serve` does this before it listens), telling progress
+        what; None where there is nothing to warm."""
+        return None if self._generator is None else self._generator.backend.warm_up(progress)
 
     def close(self) -> None:
         if self.embeddings is not None:

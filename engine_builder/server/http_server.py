@@ -130,6 +130,10 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
                                        verify=verify, speculative=speculative, kv_cache_memory=kv_cache_memory,
                                        gpu_memory_utilization=gpu_memory_utilization,
                                        async_scheduling=async_scheduling) as llm:
+        warm = llm.warm_up(log)  # before the first request: torch.compile and the CUDA graphs on a GPU
+        if warm is not None and log is not None:
+            log(f"warm in {warm.seconds:.1f} s (torch.compile {warm.compile_seconds:.1f} s, {warm.graphs} CUDA "
+                f"graphs {warm.capture_seconds:.1f} s)")
         executor = Executor(llm, scheduler)
         try:
             app = create_app(executor, config, access_log=log if log_format else None,

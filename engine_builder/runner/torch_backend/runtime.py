@@ -21,16 +21,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
 import torch
 
 from engine_builder.formats.graph_io import PagedKVLayout
-from engine_builder.runner.backend import Backend
+from engine_builder.runner.backend import Backend, WarmUp
 from engine_builder.runner.core.model_input import ImageEmbeds, ModelInput
 from engine_builder.runner.engine import EngineDir
+from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
@@ -219,6 +220,41 @@ class TorchRuntime(Backend):
             return self.model(token_ids, positions, kv, logits_indices, images)
         model = self.compiled if self.compiled is not None else self.model
         return model(token_ids, positions, kv, logits_indices)
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
+        """Pay now what the first requests would: torch.compile of the layers (a one-token and a longer step), the
+        attention kernel's variants (short and long queries, with and without split key ranges) and every decode
+        bucket's CUDA graph. Every step runs over the scratch block only: no slot, no cached block is touched.
+        None where there is nothing to pay (eager on a CPU)."""
+        if self.compiled is None and self._graphs is None:
+            return None
+        if progress is not None:
+            what = ["torch.compile of the layers"] if self.compiled is not None else []
+            if self._graphs is not None:
+                what.append(f"{len(self._graphs.sizes)} CUDA graphs (batch {self._graphs.sizes[0]}.."
+                            f"{self._graphs.sizes[-1]})")
+            progress(f"warming up: {' and '.join(what)}")
+        started = time.perf_counter()
+        compile_before = self.compiled.seconds if self.compiled is not None else 0.0
+        width = self.layout.max_blocks_per_seq
+        for query in sorted({1, 2, min(64, self.max_input_len), self.max_input_len}):
+            for blocks in sorted({-(-query // self.layout.block_size), width}):  # a short and the longest table
+                self._scratch_step(query, blocks)
+        capture = self._graphs.capture_all() if self._graphs is not None else 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        compile_s = (self.compiled.seconds if self.compiled is not None else 0.0) - compile_before
+        return WarmUp(time.perf_counter() - started, compile_s, capture,
+                      len(self._graphs.sizes) if self._graphs is not None else 0)
+
+    def _scratch_step(self, query: int, blocks: int) -> None:
+        """One sequence of QUERY new tokens at positions 0.., its block table BLOCKS scratch blocks wide."""
+        dev, i64 = self.device, torch.int64
+        tables = torch.full((1, blocks), SCRATCH_BLOCK, dtype=torch.int32, device=dev)
+        at = torch.arange(query, dtype=i64, device=dev)
+        self.run_model(torch.zeros(query, dtype=i64, device=dev), at, tables,
+                       torch.tensor([query], dtype=i64, device=dev), torch.tensor([0, query], dtype=i64, device=dev),
+                       torch.zeros(query, dtype=i64, device=dev), at[-1:], max_query_len=query)
 
     def _kernel(self, q, k_pool, v_pool, block_tables, context_lens, query_start, *, scale, softcap=None,
                 sliding_window=None, image_ids=None):
