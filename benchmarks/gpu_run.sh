@@ -51,7 +51,7 @@ for part in $PARTS; do
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;
     profile)  # not a default part: the kernels of a decode step and the host around them (gpu_step_profile.py)
-      timeout ${PROFILE_S:-240} python3 benchmarks/gpu_step_profile.py --shape ${PROFILE_SHAPE:-smollm2} \
+      timeout ${PROFILE_S:-240} python3 benchmarks/gpu_step_profile.py --shape ${PROFILE_SHAPE:-smollm2} ${PROFILE_ARGS:-} \
         --json "$OUT/gpu-step-profile.json" 2>&1 | grep -v "^USDT" | tail -60 | tee "$OUT/gpu-step-profile.txt" ;;
     smollm2)
       timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 ${SMOLLM2_ARGS:-} --json "$OUT/gpu-decode-smollm2.json" 2>&1 \

@@ -1,7 +1,7 @@
 """Where a decode step's time goes on the GPU: the kernels of one step and the host's time around them.
 
     python3 benchmarks/gpu_step_profile.py [--shape smollm2] [--batch 1 64] [--steps 32] [--top 15]
-                                           [--work /tmp/gpu-bench] [--json PATH]
+                                           [--async-scheduling] [--work /tmp/gpu-bench] [--json PATH]
 
 gpu_decode.py measured the torch backend at 326 tok/s on the SmolLM2 shape at batch 1 on the H200 (2026-12-02),
 3 ms a token where the weights' bytes take 0.06 ms, while our loop's own Python is ~0.1 ms a token (a tiny model on
@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
+    parser.add_argument("--async-scheduling", action="store_true", help="LLM(async_scheduling=True)'s decode steps")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from engine_builder import LLM
@@ -148,7 +149,8 @@ def main() -> None:
     log(out["environment"])
     hf = write_hf_dir(args.shape, args.work / f"{args.shape}-hf")
     engine = engine_dir(hf, args.work, args.shape, max(64, max(args.batch)), drop_ckpt=False)
-    llm = LLM(engine, backend="torch", verify=False)
+    llm = LLM(engine, backend="torch", verify=False, async_scheduling=args.async_scheduling)
+    out["async_scheduling"] = args.async_scheduling
     vocab = SHAPES[args.shape]["vocab_size"]
     for batch in args.batch:
         ids = prompts(vocab, batch, 16, seed=batch)
