@@ -6,6 +6,7 @@ from converters.archs import (  # noqa: F401
     gemma3,
     gpt2,
     gpt_neox,
+    idefics3,
     llama,
     llava,
     mistral,

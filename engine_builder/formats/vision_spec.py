@@ -1,4 +1,5 @@
-"""Vision-language models (LLaVA, Gemma 3): the vision tower, its projector, their tensors and the vision graph's I/O.
+"""Vision-language models (LLaVA, Gemma 3, Idefics3): the vision tower, its projector, their tensors and the vision
+graph's I/O.
 
 A vision-language checkpoint is a decoder ModelConfig whose `vision` is set: the text decoder's tensors keep
 their usual canonical names (the decoder graph and every runtime read them unchanged) and the vision tower and
@@ -25,6 +26,17 @@ models/gemma3/modeling_gemma3.py; the reference is its `get_image_features`):
     g = avg_pool(f as a side x side grid, kernel = stride = side / tokens_side)   [images, tokens_per_image, hidden]
     image_features = (rms_norm(g) * (1 + projector.norm)) @ projector.proj^T      [images, tokens_per_image, text]
 
+Idefics3 (SmolVLM; models/idefics3/modeling_idefics3.py) has a SigLIP tower read through its post_layernorm, as
+Gemma 3's, and a connector (`projector="pixel_shuffle"`): the patch grid's s x s neighbourhoods folded into the
+features (pixel_shuffle by scale_factor s), then one linear without bias:
+
+    f = post_norm(hidden_states[-1])                                  [images, patches, hidden]
+    g = pixel_shuffle(f, s)                                          [images, patches / s^2, hidden * s^2]
+    image_features = g @ projector.proj^T                            [images, tokens_per_image, text hidden]
+
+Its processor cuts one image into tiles (`ImageTiling`): each tile, and the global image after them, is one image
+for the graph, and the prompt lays them out as Idefics3Processor does (`prompt_layout="tile_grid"`).
+
 The graph (network/vision_encoder.py):
 
     pixel_values    float32 [images, channels, image_size, image_size]   as the image processor makes them
@@ -44,7 +56,12 @@ from typing import Literal, get_args
 from engine_builder.util.errors import ConfigError
 
 VisionTower = Literal["clip", "siglip"]  # clip: class token + pre-norm; siglip: neither, a patch bias
-VisionProjector = Literal["mlp", "pool_norm"]  # mlp: llava's fc1 -> act -> fc2; pool_norm: Gemma 3's
+# mlp: llava's fc1 -> act -> fc2; pool_norm: Gemma 3's; pixel_shuffle: Idefics3's connector
+VisionProjector = Literal["mlp", "pool_norm", "pixel_shuffle"]
+# how a prompt lays out one image: tokens: its image tokens (between the start / end tokens when set); tile_grid:
+# Idefics3Processor's grid, per tile <fake_token_around_image> <row_i_col_j> and the tile's image tokens, a "\n"
+# after each row, then the global image as <fake_token_around_image> <global-img> tokens <fake_token_around_image>
+PromptLayout = Literal["tokens", "tile_grid"]
 ImageAttention = Literal["causal", "bidirectional"]  # how the decoder's prefill attends within one image's tokens
 VisionActivation = Literal["quick_gelu", "gelu", "gelu_tanh", "relu", "silu"]
 FeatureSelect = Literal["default", "full"]  # default: crop the class token; full: keep it
@@ -61,6 +78,24 @@ IMAGES = "images"  # the graph's dynamic batch axis: images per call
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_VISION_LAYERS = 64  # the converter's weight map lists the tower's layers up to this (CLIP-L: 24, ViT-H: 32)
+MAX_TILES_PER_SIDE = 6  # Idefics3's tokenizer has <row_i_col_j> for i, j in 1..6 (Idefics3Processor's row_col_ids)
+
+
+@dataclass(frozen=True)
+class ImageTiling:
+    """Idefics3's image splitting (Idefics3ImageProcessor, preprocessor_config.json): the image resized so its longer
+    side is `longest_edge` (size, with do_resize; the shorter side kept in proportion, rounded up to even), then up
+    to multiples of `tile_size` (max_image_size); cut into tile_size squares, row by row, followed by the whole
+    image resized to one tile (the global image) when there is more than one tile. Without `split`
+    (do_image_splitting false) the resized image is squashed to one tile."""
+
+    longest_edge: int
+    tile_size: int
+    split: bool = True
+
+    def max_tiles_per_side(self) -> int:
+        """Rows (or columns) of tiles an image resized to longest_edge can make."""
+        return -(-self.longest_edge // self.tile_size) if self.split else 0
 
 
 @dataclass(frozen=True)
@@ -85,10 +120,24 @@ class ImageProcessorSpec:
     do_normalize: bool = True
     image_mean: tuple[float, ...] = CLIP_MEAN
     image_std: tuple[float, ...] = CLIP_STD
+    tiling: ImageTiling | None = None  # Idefics3: the resize and the tiles are its (no shortest_edge, size or crop)
 
     def validate(self, channels: int) -> None:
         where = "model config: vision.processor"
-        if self.do_resize and (self.shortest_edge is None) == (self.height is None or self.width is None):
+        if self.tiling is not None:
+            t = self.tiling
+            if t.tile_size < 1 or t.longest_edge < 1:
+                raise ConfigError(f"{where}.tiling sizes must be >= 1, got longest_edge {t.longest_edge}, tile_size "
+                                  f"{t.tile_size}")
+            if (self.shortest_edge, self.height, self.width, self.do_center_crop, self.do_pad) != (
+                    None, None, None, False, False):
+                raise ConfigError(f"{where}: a tiled processor resizes by tiling alone; shortest_edge, height, width, "
+                                  "do_center_crop and do_pad must be unset")
+            if self.do_resize and t.max_tiles_per_side() > MAX_TILES_PER_SIDE:
+                raise ConfigError(f"{where}.tiling: longest_edge {t.longest_edge} makes up to "
+                                  f"{t.max_tiles_per_side()} tiles of {t.tile_size} px a side, above the "
+                                  f"{MAX_TILES_PER_SIDE} the prompt's <row_i_col_j> tokens name")
+        elif self.do_resize and (self.shortest_edge is None) == (self.height is None or self.width is None):
             raise ConfigError(f"{where}: a resize needs either shortest_edge or height and width, not both or neither")
         for name in ("shortest_edge", "height", "width", "crop_height", "crop_width"):
             value = getattr(self, name)
@@ -106,7 +155,9 @@ class ImageProcessorSpec:
             raise ConfigError(f"{where}.image_std must be positive, got {self.image_std}")
 
     def output_size(self) -> tuple[int, int] | None:
-        """(height, width) of the pixels it makes, when fixed (a crop, or a resize to an exact size)."""
+        """(height, width) of the pixels it makes, when fixed (a crop, a resize to an exact size, a tile)."""
+        if self.tiling is not None:
+            return self.tiling.tile_size, self.tiling.tile_size
         if self.do_center_crop:
             return self.crop_height, self.crop_width
         if self.do_resize and self.height is not None and self.width is not None:
@@ -126,8 +177,9 @@ class VisionSpec:
     patch_size: int
     image_size: int
     image_token_id: int  # the text token each image feature replaces (HF image_token_index)
-    # image features per image: patches, plus the class token with the "full" strategy (mlp projector); the
-    # pooled grid's cells (pool_norm: Gemma 3's mm_tokens_per_image, a square dividing the patch grid)
+    # image features per image (per tile with a tiled processor): patches, plus the class token with the "full"
+    # strategy (mlp projector); the pooled grid's cells (pool_norm: Gemma 3's mm_tokens_per_image, a square dividing
+    # the patch grid); patches / scale_factor^2 (pixel_shuffle: Idefics3's image_seq_len)
     tokens_per_image: int
     tower: VisionTower = "clip"
     num_channels: int = 3
@@ -141,12 +193,14 @@ class VisionSpec:
     projector: VisionProjector = "mlp"
     projector_activation: VisionActivation = "gelu"  # mlp only
     projector_bias: bool = True  # mlp only
+    scale_factor: int = 1  # pixel_shuffle only: the side of the patch neighbourhoods folded into one token
     # the decoder's prefill over one image's tokens: causal (llava), or each of them sees the whole image (Gemma 3's
     # token_type_ids block mask: OR(causal, same image), inside the sliding window on local layers)
     image_attention: ImageAttention = "causal"
     # tokens the processor puts around each image's image tokens (Gemma 3's boi / eoi); None: none
     image_start_token_id: int | None = None
     image_end_token_id: int | None = None
+    prompt_layout: PromptLayout = "tokens"  # tile_grid: Idefics3's (its other tokens come from the tokenizer)
     processor: ImageProcessorSpec = field(default_factory=ImageProcessorSpec)
 
     @property
@@ -176,6 +230,15 @@ class VisionSpec:
     def pool_kernel(self) -> int:
         """pool_norm: the average pool's kernel (and stride) over the patch grid's side."""
         return (self.image_size // self.patch_size) // math.isqrt(self.tokens_per_image)
+
+    def max_image_tokens(self) -> int:
+        """The most prompt tokens one image can become: its image tokens and the layout around them (Gemma 3's boi,
+        eoi and "\n\n"s; Idefics3's tiles, each with its two tokens, the rows' "\n"s and the global image)."""
+        tiling = self.processor.tiling
+        if self.prompt_layout != "tile_grid" or tiling is None:
+            return self.tokens_per_image + 4
+        side = tiling.max_tiles_per_side() if self.processor.do_resize else MAX_TILES_PER_SIDE
+        return (side * side + 1) * (self.tokens_per_image + 2) + side + 2
 
     def expected_tokens(self) -> int:
         """What tokens_per_image must be (mlp): every patch, and the class token unless the strategy crops it."""
@@ -209,6 +272,7 @@ class VisionSpec:
         if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
             raise ConfigError(f"{where}.layer_norm_eps must be a positive finite number, got {self.layer_norm_eps}")
         for name, value, kinds in (("tower", self.tower, VisionTower), ("projector", self.projector, VisionProjector),
+                                   ("prompt_layout", self.prompt_layout, PromptLayout),
                                    ("image_attention", self.image_attention, ImageAttention),
                                    ("activation", self.activation, VisionActivation),
                                    ("projector_activation", self.projector_activation, VisionActivation),
@@ -234,6 +298,16 @@ class VisionSpec:
                 raise ConfigError(f"{where}.tokens_per_image {self.tokens_per_image} must be a square whose side "
                                   f"divides the {side}x{side} patch grid, pooled from one hidden state of a tower "
                                   f"without a class token (pool_norm projector)")
+        if self.projector == "pixel_shuffle":
+            side, s = self.image_size // self.patch_size, self.scale_factor
+            if (s < 1 or side % s or self.tokens_per_image * s * s != side * side or self.class_token
+                    or len(self.feature_layers) != 1):
+                raise ConfigError(f"{where}: scale_factor {s} must divide the {side}x{side} patch grid into "
+                                  f"tokens_per_image {self.tokens_per_image} cells, from one hidden state of a tower "
+                                  f"without a class token (pixel_shuffle projector)")
+        if (self.prompt_layout == "tile_grid") != (self.processor.tiling is not None):
+            raise ConfigError(f"{where}: prompt_layout 'tile_grid' goes with a tiled processor (processor.tiling) and "
+                              f"only with one; got {self.prompt_layout!r} and tiling {self.processor.tiling}")
         self.processor.validate(self.num_channels)
         if (size := self.processor.output_size()) is not None and size != (self.image_size, self.image_size):
             raise ConfigError(f"{where}.processor makes {size[0]}x{size[1]} images but the tower takes "
@@ -273,6 +347,9 @@ def vision_shapes(spec: VisionSpec, text_hidden: int) -> Shapes:
     if spec.post_norm:
         shapes |= {"vision.post_norm.weight": ((h,), None), "vision.post_norm.bias": ((h,), None)}
     features = h * len(spec.feature_layers)
+    if spec.projector == "pixel_shuffle":  # Idefics3: one linear without bias over the shuffled features
+        shapes["vision.projector.proj.weight"] = ((text_hidden, features * spec.scale_factor ** 2), None)
+        return shapes
     if spec.projector == "pool_norm":  # Gemma 3: its RMSNorm's weight (used as 1 + w), then [text, vision] (no bias)
         shapes["vision.projector.norm.weight"] = ((features,), None)
         shapes["vision.projector.proj.weight"] = ((text_hidden, features), None)

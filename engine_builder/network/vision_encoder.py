@@ -1,5 +1,6 @@
 """The vision graph of a vision-language model: the vision tower (CLIP, SigLIP) and the multi-modal projector
-(LLaVA's MLP, Gemma 3's pool + norm + projection), each chosen by the VisionSpec's kind.
+(LLaVA's MLP, Gemma 3's pool + norm + projection, Idefics3's pixel shuffle + projection), each chosen by the
+VisionSpec's kind.
 
 What it computes and its I/O: formats/vision_spec.py. Its own graph beside the decoder's, so images are encoded
 once per request (and their features cached by content) while the decoder steps tokens; images per call is the
@@ -152,7 +153,23 @@ def _pool_norm_projector(b: GraphBuilder, w: CheckpointWeights, features: ir.Val
     return linear(b, w, normed, "vision.projector.proj")
 
 
-_PROJECTORS = {"mlp": _mlp_projector, "pool_norm": _pool_norm_projector}  # VisionProjector -> its graph
+def _pixel_shuffle_projector(b: GraphBuilder, w: CheckpointWeights, features: ir.Value,
+                             spec: VisionSpec) -> ir.Value:
+    """Idefics3's connector (Idefics3Connector.pixel_shuffle, then modality_projection without bias): each s x s
+    neighbourhood of the patch grid folded into one token of s^2 x hidden features, in transformers' order;
+    [images, patches, hidden] -> [images, patches / s^2, text hidden]."""
+    side, s, h = spec.image_size // spec.patch_size, spec.scale_factor, spec.hidden_size
+    # transformers: view [side, side/s, h*s], swap the two grid axes, view [side/s, side/s, h*s*s], swap them back
+    x = b.op("Reshape", features, b.ints([0, side, side // s, h * s]))
+    x = b.op("Transpose", x, perm=[0, 2, 1, 3])  # [images, side/s, side, h*s]
+    x = b.op("Reshape", x, b.ints([0, side // s, side // s, h * s * s]))
+    x = b.op("Transpose", x, perm=[0, 2, 1, 3])  # [images, side/s, side/s, h*s*s]
+    x = b.op("Reshape", x, b.ints([0, spec.tokens_per_image, h * s * s]))
+    return linear(b, w, x, "vision.projector.proj")
+
+
+# VisionProjector -> its graph
+_PROJECTORS = {"mlp": _mlp_projector, "pool_norm": _pool_norm_projector, "pixel_shuffle": _pixel_shuffle_projector}
 
 # VisionActivation -> its ops (transformers' ACT2FN of the same name)
 _ACTIVATIONS = {
