@@ -89,8 +89,8 @@ class ChatSession:
         params = self.params or self.llm.default_params()
         max_seq = self.llm.generator.backend.kv.max_seq
         vision = self.llm.engine.model.vision
-        # an image's layout beyond its one placeholder token (at most boi, eoi and two "\n\n" besides its tokens)
-        extra = images * (vision.tokens_per_image + 4) if images and vision is not None else 0
+        # an image's layout beyond its one placeholder token (its tokens and, at most, what the processor puts around)
+        extra = images * vision.max_image_tokens() if images and vision is not None else 0
         room = max_seq - len(self.llm.encode_chat(messages)) - extra
         if room < 1:
             raise InputError(f"the conversation fills all {max_seq} positions of the engine (its max_seq_len); start "

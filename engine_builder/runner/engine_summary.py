@@ -67,6 +67,11 @@ def describe_vision(model: ModelConfig) -> str | None:
         return None
     p = v.processor
     size = p.output_size() or (p.shortest_edge, p.shortest_edge)
+    if p.tiling is None:
+        unit, tiles = "image", ""
+    else:  # Idefics3: an image is its tiles and the global image, each one image for the tower
+        unit, tiles = "tile", (f"; images resized to {p.tiling.longest_edge} px on the longer side and cut into "
+                               f"tiles" if p.tiling.split else "; images squashed to one tile")
     return (f"{v.tower} tower ({v.num_layers} layers, hidden {v.hidden_size}, {v.image_size} px, patch {v.patch_size})"
-            f" in vision.onnx; {v.tokens_per_image} tokens per image at token id {v.image_token_id}; images "
-            f"{size[0]}x{size[1]}, {p.resample}, mean {list(p.image_mean)}")
+            f" in vision.onnx; {v.tokens_per_image} tokens per {unit} at token id {v.image_token_id}; {unit}s "
+            f"{size[0]}x{size[1]}, {p.resample}, mean {list(p.image_mean)}{tiles}")

@@ -4,6 +4,9 @@ CLIPImageProcessor / LlavaImageProcessor), from the ImageProcessorSpec the conve
     RGB -> pad to a square (do_pad: centred, the mean colour) -> resize (Pillow, the processor's filter) ->
     centre crop -> rescale -> normalize -> float32 [channels, height, width]
 
+A tiled processor (Idefics3's, `ImageProcessorSpec.tiling`) makes several images of one: `preprocess_tiles`, the
+cutting in runner/vision/image_tiles.py, each tile rescaled and normalized as above.
+
 tests/vision/test_image_processor.py checks it against transformers' processors on the same images.
 """
 
@@ -13,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from engine_builder.formats.vision_spec import ImageProcessorSpec
+from engine_builder.runner.vision.image_tiles import cut_tiles
 
 RESAMPLE = {"nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS,
             "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
@@ -28,6 +32,21 @@ def preprocess(image: Image.Image, spec: ImageProcessorSpec) -> np.ndarray:
     pixels = np.asarray(image)  # [height, width, 3] uint8
     if spec.do_center_crop:
         pixels = _center_crop(pixels, spec.crop_height, spec.crop_width)
+    return to_pixel_values(pixels, spec)
+
+
+def preprocess_tiles(image: Image.Image, spec: ImageProcessorSpec) -> tuple[np.ndarray, tuple[int, int]]:
+    """One RGB image -> (pixel_values float32 [images, 3, height, width], (rows, cols) of its tiles): the tiles row
+    by row and then the global image with a tiled processor ((0, 0): the image is one tile), else the one image."""
+    if spec.tiling is None:
+        return preprocess(image, spec)[None], (0, 0)
+    frames, grid = cut_tiles(image, spec.tiling, spec.do_resize, RESAMPLE[spec.resample])
+    return np.stack([to_pixel_values(np.asarray(frame), spec) for frame in frames]), grid
+
+
+def to_pixel_values(pixels: np.ndarray, spec: ImageProcessorSpec) -> np.ndarray:
+    """uint8 [height, width, 3] -> rescaled, normalized float32 [3, height, width] (transformers' rescale in float64
+    then float32, normalize in float32)."""
     out = pixels.astype(np.float64) * spec.rescale_factor if spec.do_rescale else pixels.astype(np.float64)
     out = out.astype(np.float32)
     if spec.do_normalize:
