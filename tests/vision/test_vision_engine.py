@@ -1,7 +1,8 @@
 """The vision engine: a vision-language build for target tensorrt also builds the vision tower + projector into a
 TensorRT-RTX engine (vision.trt.onnx -> vision.engine, no GPU needed), one profile over images per call from 1 to
 limits.max_images, beside the decoder's rank0.engine. A tiny random LLaVA (tiny_llava.py) built through the CLI
-with recipes/llava-fp16.yaml as shipped; the manifest records both engines and their sha256, inspect shows both."""
+with recipes/llava-fp16.yaml as shipped; the manifest records both engines and their sha256, inspect shows both.
+Gemma 3's and Idefics3's towers and projectors build theirs too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from cli_process import assert_user_error, trtbuild
 from tiny_gemma3 import IMAGE_SIZE, tiny_gemma3
+from tiny_idefics3 import IMAGE_SIZE as IDEFICS3_TILE
+from tiny_idefics3 import tiny_idefics3
 from tiny_llava import tiny_llava
 
 from converters.convert import convert
@@ -112,6 +115,22 @@ def test_gemma3s_siglip_tower_builds_its_engine_with_the_configured_max(tmp_path
     assert (v.network_layer_types["CONVOLUTION"], v.network_layer_types["POOLING"]) == (1, 1)
     shape = (3, IMAGE_SIZE, IMAGE_SIZE)
     assert _profiles_in_plan((out / VISION_ENGINE).read_bytes(), [(n, *shape) for n in (1, 1, 2)]) >= 1
+
+
+def test_idefics3s_tower_and_pixel_shuffle_build_their_engine(tmp_path):
+    """Idefics3's SigLIP tower and pixel-shuffle connector (tiny_idefics3.py): the same build, the profile over the
+    tiles per call (an image is several: its tiles and the global image)."""
+    convert(tiny_idefics3(tmp_path / "hf"), tmp_path / "ckpt", dtype="float32")
+    out = tmp_path / "engine"
+    build(tmp_path / "ckpt", out, BuildConfig(targets=("onnxruntime", "tensorrt"), dtype="float16",
+                                              compute_capabilities=("sm86",),
+                                              limits=Limits(max_batch=1, max_input_len=64, max_seq_len=96,
+                                                            max_images=5)))
+    v = EngineManifest.load(out).vision_engine
+    assert v is not None and v.images == (1, 1, 5) and v.dtype == "float16"
+    assert (v.network_layer_types["CONVOLUTION"], v.network_layer_types["SOFTMAX"]) == (1, 2)
+    shape = (3, IDEFICS3_TILE, IDEFICS3_TILE)
+    assert _profiles_in_plan((out / VISION_ENGINE).read_bytes(), [(n, *shape) for n in (1, 1, 5)]) >= 1
 
 
 def test_inspect_shows_the_vision_engine_beside_the_decoders(llava):
