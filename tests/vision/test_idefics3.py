@@ -40,6 +40,7 @@ from converters.archs.idefics3 import Idefics3Converter, image_processor, patch_
 from converters.archs.llama import LlamaConverter
 from converters.convert import convert
 from engine_builder import LLM, SamplingParams
+from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.formats.build_config import Limits
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
 from engine_builder.network.vision_encoder import write_vision_onnx
@@ -193,6 +194,24 @@ def test_images_alone_and_beside_text_equal_transformers(idefics3, hf):
                                                                                                 other) != want[0]
     with LLM(engine, backend="torch") as llm:  # the CPU, float32
         assert [list(o.token_ids) for o in llm.generate(prompts, GREEDY, images=images)] == want
+
+
+def test_a_chunked_prefill_splits_the_tiles_and_answers_as_transformers(idefics3, hf):
+    """Idefics3's image tokens are causal (transformers' llama mask): under a 5-token step budget the executor's
+    chunks end inside tiles, each chunk taking its own slice of the features, and the answer is transformers'."""
+    _, _, engine = idefics3
+    text, image = "w5 w6 <image> w7", png(40, (64, 40))
+    with LLM(engine, backend="onnxruntime", prefix_cache=False) as llm:
+        prepared = llm._with_images([llm.encode(text)], [[image]])[1][0]
+        assert not prepared.whole and prepared.chunk_end(0, 7) == 7  # any end will do
+        with Executor(llm, SchedulerConfig(max_tokens_per_step=5)) as executor:
+            long = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+            other = executor.submit(llm.encode("w9 w10 w11"), long)
+            next(other.events(timeout=60))  # the image request arrives while the text one decodes: chunked prefill
+            got = executor.submit(prepared.ids, GREEDY, prepared).result(timeout=120)
+            other.result(timeout=120)
+            assert executor.stats().chunked_prefill_steps > 0
+    assert list(got.token_ids) == hf_generate(hf, text, [image])
 
 
 def test_run_with_an_image_and_inspect(idefics3, hf, tmp_path):
