@@ -6,6 +6,7 @@ batched with a text request, on the onnxruntime twin and the torch backend (CPU)
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import json
@@ -14,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import openai
 import pytest
 import torch
 import transformers
 from PIL import Image
 from cli_process import trtbuild
-from runner_engines import add_word_tokenizer, build_engine
+from runner_engines import TINY_CHAT_TEMPLATE, add_word_tokenizer, build_engine
+from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
 from safetensors import safe_open
 from tiny_idefics3 import (
     FAKE_TOKEN,
@@ -58,6 +61,7 @@ def idefics3(module_tmp_factory) -> tuple[Path, Path, Path]:
     """(HF dir, checkpoint, float32 onnxruntime engine)."""
     root = module_tmp_factory.mktemp("idefics3")
     hf_dir = tiny_idefics3(root / "hf")
+    (hf_dir / "chat_template.jinja").write_text(TINY_CHAT_TEMPLATE)  # for serve's chat route
     result = convert(hf_dir, root / "ckpt", dtype="float32")
     assert list(result.dropped) == []  # every tensor read: the tower's post-norm, the connector, the text model
     return hf_dir, root / "ckpt", build_engine(root / "ckpt", root / "engine", LIMITS)
@@ -225,6 +229,22 @@ def test_run_with_an_image_and_inspect(idefics3, hf, tmp_path):
     assert json.loads(proc.stdout)["token_ids"] == hf_generate(hf, "w7 <image> w8", [png(30, (50, 64))], steps=6)
     shown = json.loads(trtbuild("inspect", engine, "--json").stdout)["vision"]
     assert f"{TOKENS_PER_TILE} tokens per tile" in shown and f"resized to {LONGEST_EDGE} px" in shown
+
+
+def test_served_openai_chat_with_an_image_part_equals_transformers(idefics3, hf):
+    """`trtbuild serve` and the OpenAI client with a base64 image part: the server writes the image token and a
+    newline where the part is; the answer is transformers' on Idefics3Processor's layout of that text."""
+    _, _, engine = idefics3
+    image = png(50, (40, 64))
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    with live_server(engine) as server, LLM(engine, backend="onnxruntime") as llm:
+        answer = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none").chat.completions.create(
+            model="engine", max_tokens=6, temperature=0, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "w7 w8 "}, {"type": "image_url", "image_url": {"url": url}}]}])
+        text = llm.apply_chat_template([{"role": "user", "content": "w7 w8 <image>\n"}])
+        # the answer's text leaves out special tokens (the random model emits some, e.g. <row_3_col_6>)
+        want = llm.tokenizer.decode(hf_generate(hf, text, [image], steps=6), skip_special_tokens=True)
+    assert answer.choices[0].message.content.split() == want.split() and len(want.split()) >= 3
 
 
 def test_a_tokenizer_without_the_tile_tokens_is_refused(tmp_path):
