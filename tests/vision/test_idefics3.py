@@ -149,13 +149,14 @@ def test_vision_features_match_transformers(idefics3, hf):
 IMAGES = [(64, 40, "RGB"), (33, 71, "RGBA"), (20, 12, "L"), (100, 31, "RGB"), (31, 100, "RGB")]
 
 
-@pytest.mark.parametrize("split, longest", [(True, LONGEST_EDGE), (True, 3 * IMAGE_SIZE), (False, LONGEST_EDGE),
-                                            (True, IMAGE_SIZE)])
-def test_tiles_equal_idefics3s_image_processor(split, longest):
+@pytest.mark.parametrize("split, longest, resize", [
+    (True, LONGEST_EDGE, True), (True, 3 * IMAGE_SIZE, True), (False, LONGEST_EDGE, True), (True, IMAGE_SIZE, True),
+    (True, LONGEST_EDGE, False)])  # the last: each image tiled at its own size (up to 4x4 here)
+def test_tiles_equal_idefics3s_image_processor(split, longest, resize):
     """The converted spec through the runtime's splitting vs Idefics3ImageProcessorPil (what transformers uses
     without torchvision) from the same config: the tiles, then the global image, every pixel within 1e-6."""
     config = {**{k: v for k, v in PREPROCESSOR.items() if k not in ("image_processor_type", "processor_class")},
-              "do_image_splitting": split, "size": {"longest_edge": longest}}
+              "do_image_splitting": split, "size": {"longest_edge": longest}, "do_resize": resize}
     processor, spec = Idefics3ImageProcessorPil(**config), image_processor(config, IMAGE_SIZE)
     for i, (width, height, mode) in enumerate(IMAGES):
         bands = len(Image.new(mode, (1, 1)).getbands())
