@@ -100,3 +100,21 @@ def test_async_scheduling_is_refused_where_it_cannot_run(engine):
         LLM(engine, backend="onnxruntime", async_scheduling=True)
     with pytest.raises(InputError, match="speculative"):
         LLM(engine, backend="torch", async_scheduling=True, speculative="ngram")
+
+
+def test_the_executor_streams_the_plain_tokens_and_a_cancel_frees_the_slot(plain, ahead):
+    """The server's loop: requests arriving while others decode, one cancelled mid-way (its in-flight row dropped)."""
+    from engine_builder.executor import Executor
+
+    params = staggered(temperature=0.0)
+    want = [o.token_ids for o in plain.generate(prompt_token_ids=PROMPTS, params=params)]
+    long = SamplingParams(max_new_tokens=60, ignore_eos=True, temperature=0.0)
+    with Executor(ahead) as executor:
+        cancelled = executor.submit(PROMPTS[0], long)
+        first = next(iter(cancelled.events(timeout=60)))
+        handles = [executor.submit(p, s) for p, s in zip(PROMPTS, params)]
+        cancelled.cancel()
+        assert [h.result(timeout=120).token_ids for h in handles] == want
+        out = cancelled.result(timeout=60)
+        assert out.finish_reason == "cancelled" and first.token_id == out.token_ids[0] and len(out.token_ids) < 60
+        assert executor.stats().free_slots == ahead.backend.kv.batch_slots
