@@ -31,6 +31,7 @@ import numpy as np
 from engine_builder.runner.async_decode import AsyncDecode
 from engine_builder.runner.backend import WarmUp
 from engine_builder.runner.backend_choice import open_backend
+from engine_builder.runner.chat_parts import as_parts, takes_parts
 from engine_builder.runner.embeddings import Embeddings
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.generate import Generator
@@ -218,9 +219,14 @@ class LLM:
     def apply_chat_template(self, messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The model's chat template over `messages` (and OpenAI-style `tools`, for templates that render
         them), ending with the assistant's turn opener."""
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise InputError(f"the tokenizer in {self.engine.path} has no chat template; use generate() "
                              "with a plain prompt instead of chat()")
+        if isinstance(template, str) and takes_parts(template):  # SmolVLM's, llava-hf's: typed parts (chat_parts.py)
+            from engine_builder.runner.vision.image_prompts import placeholder_text
+
+            messages = as_parts(messages, placeholder_text(self.engine, self.tokenizer))
         try:
             extra = {"tools": list(tools)} if tools else {}
             return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,

@@ -19,11 +19,11 @@ import openai
 import pytest
 import torch
 import transformers
-from PIL import Image
 from cli_process import trtbuild
+from PIL import Image
 from runner_engines import TINY_CHAT_TEMPLATE, add_word_tokenizer, build_engine
-from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
 from safetensors import safe_open
+from server.live_server import live_server  # tests/server/live_server.py (tests/ is on sys.path)
 from tiny_idefics3 import (
     FAKE_TOKEN,
     GLOBAL_TOKEN,
@@ -46,7 +46,6 @@ from engine_builder import LLM, SamplingParams
 from engine_builder.executor import Executor, SchedulerConfig
 from engine_builder.formats.build_config import Limits
 from engine_builder.formats.checkpoint import CheckpointConfig, expected_shapes
-from engine_builder.network.vision_encoder import write_vision_onnx
 from engine_builder.runner.vision.image_processor import preprocess_tiles
 from engine_builder.runner.vision.images import ImageLimits, load_image
 from engine_builder.runner.vision.tile_grid import TileTokens
@@ -327,3 +326,30 @@ def test_smolvlm_256ms_config_reads_as_transformers_reads_it():
                                      / hf.scale_factor ** 2) == 64
     assert (v.processor.tiling.max_tiles_per_side(), v.max_image_tokens()) == (4, 17 * 66 + 6)
     assert v.processor.resample == "lanczos" and not cfg.tie_word_embeddings
+
+
+# SmolVLM's chat template (its tokenizer_config.json and chat_template.json): content read as typed parts only
+SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content']"
+                    "[0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}"
+                    "{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}"
+                    "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}"
+                    "{{ 'Assistant:' }}{% endif %}")
+
+
+def test_chat_with_smolvlms_template_lays_out_parts_as_transformers_does(idefics3, hf, tmp_path):
+    """A template that iterates content parts: chat() hands it the turn as [image, text] parts (a string would
+    render an empty turn), so the prompt and the answer are transformers' for the same parts."""
+    _, _, engine = idefics3
+    copy = tmp_path / "engine"
+    shutil.copytree(engine, copy)
+    (copy / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    image = png(60, (64, 40))
+    turns = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w7 w8"}]}]
+    text = hf[1].tokenizer.apply_chat_template(turns, chat_template=SMOLVLM_TEMPLATE, tokenize=False,
+                                               add_generation_prompt=True)
+    assert text == "<|im_start|>User:<image>w7 w8<end_of_utterance>\nAssistant:"
+    with LLM(copy, backend="onnxruntime", verify=False) as llm:
+        messages = [{"role": "user", "content": "w7 w8"}]
+        assert llm.apply_chat_template(llm._image_turn(messages, [image])) == text
+        got = llm.chat(messages, GREEDY, images=[image])[0]
+    assert list(got.token_ids) == hf_generate(hf, text, [image])
