@@ -26,9 +26,11 @@ VISION_HASH, VISION_TRT_HASH = "vision", "vision.tensorrt"
 
 def vision_profile(config: BuildConfig, spec: VisionSpec) -> dict[str, tuple[tuple[int, ...], ...]]:
     """pixel_values [images, channels, size, size]: images 1 (opt 1: a request most often brings one image) to
-    limits.max_images; the rest is the tower's fixed input."""
+    limits.max_images, and at least the tiles one image becomes (Idefics3: up to 17 for SmolVLM, which a call must
+    take whole); the rest is the tower's fixed input."""
     rest = (spec.num_channels, spec.image_size, spec.image_size)
-    return {PIXEL_VALUES: tuple((n, *rest) for n in (1, 1, config.limits.max_images))}
+    most = max(config.limits.max_images, spec.max_graph_images())
+    return {PIXEL_VALUES: tuple((n, *rest) for n in (1, 1, most))}
 
 
 def write_vision_graphs(ckpt: Path, out_dir: Path, config: BuildConfig, networks: dict[str, NetworkOptions],

@@ -231,6 +231,14 @@ class VisionSpec:
         """pool_norm: the average pool's kernel (and stride) over the patch grid's side."""
         return (self.image_size // self.patch_size) // math.isqrt(self.tokens_per_image)
 
+    def max_graph_images(self) -> int:
+        """The most images of the tower's size one image becomes: its tiles and the global image (Idefics3), else 1."""
+        tiling = self.processor.tiling
+        if self.prompt_layout != "tile_grid" or tiling is None:
+            return 1
+        side = tiling.max_tiles_per_side() if self.processor.do_resize else MAX_TILES_PER_SIDE
+        return side * side + 1
+
     def max_image_tokens(self) -> int:
         """The most prompt tokens one image can become: its image tokens and the layout around them (Gemma 3's boi,
         eoi and "\n\n"s; Idefics3's tiles, each with its two tokens, the rows' "\n"s and the global image)."""
@@ -238,7 +246,7 @@ class VisionSpec:
         if self.prompt_layout != "tile_grid" or tiling is None:
             return self.tokens_per_image + 4
         side = tiling.max_tiles_per_side() if self.processor.do_resize else MAX_TILES_PER_SIDE
-        return (side * side + 1) * (self.tokens_per_image + 2) + side + 2
+        return self.max_graph_images() * (self.tokens_per_image + 2) + side + 2
 
     def expected_tokens(self) -> int:
         """What tokens_per_image must be (mlp): every patch, and the class token unless the strategy crops it."""

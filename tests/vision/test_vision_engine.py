@@ -119,13 +119,14 @@ def test_gemma3s_siglip_tower_builds_its_engine_with_the_configured_max(tmp_path
 
 def test_idefics3s_tower_and_pixel_shuffle_build_their_engine(tmp_path):
     """Idefics3's SigLIP tower and pixel-shuffle connector (tiny_idefics3.py): the same build, the profile over the
-    tiles per call (an image is several: its tiles and the global image)."""
+    tiles per call (an image is several: its tiles and the global image), at least one whole image's 2x2 + 1 even
+    where limits.max_images is lower."""
     convert(tiny_idefics3(tmp_path / "hf"), tmp_path / "ckpt", dtype="float32")
     out = tmp_path / "engine"
     build(tmp_path / "ckpt", out, BuildConfig(targets=("onnxruntime", "tensorrt"), dtype="float16",
                                               compute_capabilities=("sm86",),
                                               limits=Limits(max_batch=1, max_input_len=64, max_seq_len=96,
-                                                            max_images=5)))
+                                                            max_images=2)))
     v = EngineManifest.load(out).vision_engine
     assert v is not None and v.images == (1, 1, 5) and v.dtype == "float16"
     assert (v.network_layer_types["CONVOLUTION"], v.network_layer_types["SOFTMAX"]) == (1, 2)
