@@ -18,7 +18,7 @@ from typing import Any
 
 from converters.archs import hf_config
 from converters.archs.gemma2 import GEMMA2_WEIGHT_MAP, gemma_block, gemma_outside_block
-from converters.archs.llava import RESAMPLE, activation, image_processor_config, vit_layer_map
+from converters.archs.llava import activation, image_processor_config, per_channel, resample_filter, vit_layer_map
 from converters.registry import Converter, Target, register_converter
 from converters.transforms import Transform, Transposed
 from engine_builder.formats.model_config import LayerType, ModelConfig
@@ -163,13 +163,10 @@ def image_processor(config: dict[str, Any], image_size: int) -> ImageProcessorSp
     if not isinstance(size, dict) or not {"height", "width"} <= size.keys():
         raise InputError(f"gemma3 image processor config: size {size!r} is not a height and width; fix "
                          "preprocessor_config.json")
-    resample = config["resample"]
-    if resample not in RESAMPLE and resample not in RESAMPLE.values():
-        raise UnsupportedError(f"image processor resample {resample!r} is not one of PIL's filters 0..5")
-    mean, std = (tuple(float(v) for v in ((x,) * 3 if isinstance(x, int | float) else x))
-                 for x in (config["image_mean"], config["image_std"]))
+    resample = resample_filter(config["resample"])
+    mean, std = per_channel(config["image_mean"]), per_channel(config["image_std"])
     return ImageProcessorSpec(
         do_convert_rgb=bool(config["do_convert_rgb"]), do_pad=False, do_resize=bool(config["do_resize"]),
-        shortest_edge=None, height=size["height"], width=size["width"], resample=RESAMPLE.get(resample, resample),
+        shortest_edge=None, height=size["height"], width=size["width"], resample=resample,
         do_center_crop=False, do_rescale=bool(config["do_rescale"]), rescale_factor=float(config["rescale_factor"]),
         do_normalize=bool(config["do_normalize"]), image_mean=mean, image_std=std)

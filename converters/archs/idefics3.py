@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from converters.archs.gemma3 import SIGLIP_DEFAULTS
 from converters.archs.llama import LLAMA_WEIGHT_MAP, LlamaConverter
-from converters.archs.llava import RESAMPLE, TEXT_DEFAULTS, activation, image_processor_config, vit_layer_map
+from converters.archs.llava import (
+    TEXT_DEFAULTS,
+    activation,
+    image_processor_config,
+    per_channel,
+    resample_filter,
+    vit_layer_map,
+)
 from converters.registry import Converter, Target, register_converter
 from converters.transforms import Transform
 from engine_builder.formats.model_config import ModelConfig
@@ -169,15 +176,12 @@ def image_processor(config: dict[str, Any], image_size: int) -> ImageProcessorSp
     if tile["longest_edge"] != image_size:
         raise UnsupportedError(f"idefics3 image processor max_image_size {tile['longest_edge']} is not the vision "
                                f"tower's image_size {image_size}: each tile must be one image for the tower")
-    resample = config["resample"]
-    if resample not in RESAMPLE and resample not in RESAMPLE.values():
-        raise UnsupportedError(f"image processor resample {resample!r} is not one of PIL's filters 0..5")
-    mean, std = (tuple(float(v) for v in ((x,) * 3 if isinstance(x, int | float) else x))
-                 for x in (config["image_mean"], config["image_std"]))
+    resample = resample_filter(config["resample"])
+    mean, std = per_channel(config["image_mean"]), per_channel(config["image_std"])
     # do_pad only evens out the sizes of a batch's images, which tiles of one size never need
     return ImageProcessorSpec(
         do_convert_rgb=bool(config["do_convert_rgb"]), do_pad=False, do_resize=bool(config["do_resize"]),
-        shortest_edge=None, resample=RESAMPLE.get(resample, resample), do_center_crop=False,
+        shortest_edge=None, resample=resample, do_center_crop=False,
         do_rescale=bool(config["do_rescale"]), rescale_factor=float(config["rescale_factor"]),
         do_normalize=bool(config["do_normalize"]), image_mean=mean, image_std=std,
         tiling=ImageTiling(longest_edge=size["longest_edge"], tile_size=tile["longest_edge"],

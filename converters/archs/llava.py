@@ -209,23 +209,28 @@ def image_processor(config: dict[str, Any], image_size: int) -> ImageProcessorSp
     if not isinstance(size, dict) or not isinstance(crop, dict):
         raise InputError(f"image processor config: size {size!r} / crop_size {crop!r} are not sizes; fix "
                          "preprocessor_config.json")
-    resample = config.get("resample", 3)
-    if resample not in RESAMPLE and resample not in RESAMPLE.values():
-        raise UnsupportedError(f"image processor resample {resample!r} is not one of PIL's filters 0..5")
     defaults = ImageProcessorSpec()
     return ImageProcessorSpec(
         do_convert_rgb=bool(config.get("do_convert_rgb", True)), do_pad=bool(config.get("do_pad", False)),
         do_resize=bool(config.get("do_resize", True)), shortest_edge=size.get("shortest_edge"),
         height=size.get("height"), width=size.get("width"),
-        resample=RESAMPLE.get(resample, resample),
+        resample=resample_filter(config.get("resample", 3)),
         do_center_crop=bool(config.get("do_center_crop", True)),
         crop_height=crop.get("height", image_size), crop_width=crop.get("width", image_size),
         do_rescale=bool(config.get("do_rescale", True)),
         rescale_factor=float(config.get("rescale_factor", defaults.rescale_factor)),
         do_normalize=bool(config.get("do_normalize", True)),
-        image_mean=_per_channel(config.get("image_mean", defaults.image_mean)),
-        image_std=_per_channel(config.get("image_std", defaults.image_std)))
+        image_mean=per_channel(config.get("image_mean", defaults.image_mean)),
+        image_std=per_channel(config.get("image_std", defaults.image_std)))
 
 
-def _per_channel(value: Any) -> tuple[float, ...]:
+def resample_filter(value: Any) -> Resample:
+    """An image processor config's resample (PIL's filter number, or its name) as the spec names it."""
+    if value not in RESAMPLE and value not in RESAMPLE.values():
+        raise UnsupportedError(f"image processor resample {value!r} is not one of PIL's filters 0..5")
+    return RESAMPLE.get(value, value)
+
+
+def per_channel(value: Any) -> tuple[float, ...]:
+    """image_mean / image_std: one number for every channel, or one per channel."""
     return (float(value),) * 3 if isinstance(value, int | float) else tuple(float(v) for v in value)
