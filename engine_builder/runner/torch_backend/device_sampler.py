@@ -328,13 +328,18 @@ def _draw(processed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def _to_device(device: torch.device, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """The step's host arrays on DEVICE in one copy per dtype: a host->device copy costs ~10 us whatever its
-    size, and a step can hold a dozen small arrays. Views of the copied buffer, shaped as given."""
+    size, and a step can hold a dozen small arrays. Views of the copied buffer, shaped as given. On CUDA from
+    pinned memory, asynchronously: a copy from pageable memory waits for the stream's queued work first, which
+    would make async scheduling's sampling wait for the step it just launched."""
     by_dtype: dict[np.dtype, list[str]] = {}
     for name, a in arrays.items():
         by_dtype.setdefault(a.dtype, []).append(name)
     out: dict[str, torch.Tensor] = {}
     for names in by_dtype.values():
-        buf = torch.from_numpy(np.concatenate([arrays[n].ravel() for n in names])).to(device)
+        host = torch.from_numpy(np.concatenate([arrays[n].ravel() for n in names]))
+        if device.type == "cuda":  # torch's pinned-memory cache keeps the block until the copy has run
+            host = host.pin_memory()
+        buf = host.to(device, non_blocking=True)
         for n, piece in zip(names, torch.split(buf, [arrays[n].size for n in names])):
             out[n] = piece.view(arrays[n].shape)
     return out
