@@ -5,12 +5,16 @@ activations one op at a time: SmolLM2-135M ran 2.7 ms a step at batch 1 on the H
 bandwidth-bound). torch.compile fuses them. What is compiled is one decoder layer and the logits head, not the
 whole forward: every layer runs the same code over its own weights (inputs of the compiled graph, not
 constants), so one compile serves all of them; compiling the whole forward traced all 30 of SmolLM2's layers and
-took over 100 s on the H200 (2026-12-02). The paged KV write (write_kv's index_copy_ into the pools, graph
-inputs) is traced: inductor writes the pools in place and fuses the write into the kernel that computes the
-rotated keys. The attention kernel goes in as a custom op (`trtbuild::paged_attention`) it does not trace into:
-the Triton kernel's launch stays ours, sized by the step's max_query_len at each call (the op runs as Python,
-also under a CUDA graph's capture). The token dimension is dynamic, so one compile serves every
+took over 100 s on the H200 (2026-12-02). The paged KV write and the attention kernel go in as one custom op
+(`trtbuild::kv_attention`) inductor does not trace into: the pools are mutated in place (declared, so nothing
+copies them) and the Triton kernel's launch stays ours, sized by the step's max_query_len at each call (the op
+runs as Python, also under a CUDA graph's capture). The token dimension is dynamic, so one compile serves every
 CUDA-graph bucket and every prefill length (one token is specialized once more).
+
+The write stays inside the op. Traced (0e983b2), inductor kept it in place on a CPU but on CUDA copied every
+layer's whole pool each step: SmolLM2's decode step took 22 ms at batch 1 and at batch 64 on an H100 (12 GB of
+pools), against 3.0 ms eager and 1.36 ms with the write inside the op
+(benchmarks/results/gpu-decode-smollm2-h100-2026-12-05-traced-write.txt).
 """
 
 from __future__ import annotations
@@ -21,34 +25,30 @@ from collections.abc import Callable
 
 import torch
 
+from engine_builder.runner.torch_backend.device_kv_attention import write_kv
+
 # the attention the op runs, by device type: the Triton kernel on CUDA, set by the runtime; the reference on a CPU
 _ATTENTION: dict[str, Callable[..., torch.Tensor]] = {}
 
 
-@torch.library.custom_op("trtbuild::paged_attention", mutates_args=())
-def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                    context_lens: torch.Tensor, query_start: torch.Tensor, scale: float, softcap: float | None,
-                    sliding_window: int | None) -> torch.Tensor:
-    """Each sequence's queries attending to its pool blocks: [T, heads, head_dim] (a new tensor: no alias)."""
+@torch.library.custom_op("trtbuild::kv_attention", mutates_args=("k_pool", "v_pool"))
+def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 slots: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                 query_start: torch.Tensor, scale: float, softcap: float | None,
+                 sliding_window: int | None) -> torch.Tensor:
+    """write_kv, then each sequence's queries attending to its pool blocks: [T, heads, head_dim]."""
+    write_kv(k_pool, v_pool, slots, k, v)
     return _ATTENTION[q.device.type](q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
-                                     softcap=softcap, sliding_window=sliding_window)
+                                     softcap=softcap, sliding_window=sliding_window)  # a new tensor: no alias
 
 
-@paged_attention.register_fake
-def _(q, k_pool, v_pool, block_tables, context_lens, query_start, scale, softcap, sliding_window):
+@kv_attention.register_fake
+def _(q, k, v, k_pool, v_pool, slots, block_tables, context_lens, query_start, scale, softcap, sliding_window):
     return torch.empty_like(q)
 
 
-def _attention_op(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                  context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float, softcap: float | None = None,
-                  sliding_window: int | None = None, image_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The op with the model's attention signature (model.py AttentionFn); an image prefill never comes here."""
-    assert image_ids is None, "an image prefill runs the eager model"
-    return paged_attention(q, k_pool, v_pool, block_tables, context_lens, query_start, scale, softcap, sliding_window)
-
-
 class CompiledForward:
-    """The model with its layers and head compiled (its attention through the paged_attention op); called as
+    """The model with its layers and head compiled (its attention goes through kv_attention from now on); called as
     the model is. `seconds`: the time of the calls that compiled (the warm-up, reported)."""
 
     def __init__(self, model, attention: Callable[..., torch.Tensor]) -> None:
@@ -56,7 +56,7 @@ class CompiledForward:
         # a shallow copy (the same weight tensors) whose layer and head are compiled: the model itself stays eager
         # for the steps that take no compiled path (an image prefill)
         self.model = copy.copy(model)
-        self.model.attention = _attention_op
+        self.model.kv_attention = kv_attention
         self.model.decoder_layer = torch.compile(self.model._decoder_layer, dynamic=True, fullgraph=True)
         self.model.logits = torch.compile(self.model._logits, dynamic=True, fullgraph=True)
         self.seconds = 0.0

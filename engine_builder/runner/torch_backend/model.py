@@ -26,7 +26,7 @@ decoder itself is the text model's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -122,8 +122,9 @@ class TorchDecoder:
         check_quantization(quantization)
         self.cfg, self.device, self.dtype, self.attention = cfg, torch.device(device), dtype, attention
         self.tp = tp if tp is not None and tp.size > 1 else None
-        # replaced by compiled_forward.py: the layer and the head through torch.compile (one compiled layer serves
-        # every layer)
+        # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into, and
+        # the layer and the head through torch.compile (one compiled layer serves every layer)
+        self.kv_attention: Callable[..., torch.Tensor] | None = None
         self.decoder_layer = self._decoder_layer
         self.logits = self._logits
         self.max_positions = max_positions or cfg.max_position_embeddings
@@ -266,10 +267,14 @@ class TorchDecoder:
         if table is not None and cos_sin is not None:
             q, k = apply_rotary(q, *cos_sin, table), apply_rotary(k, *cos_sin, table)
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
-        write_kv(k_pool, v_pool, kv.slots, k, v)
-        out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
-                             softcap=spec.logit_softcap, sliding_window=window,
-                             image_ids=image_ids)  # [T, heads, head_dim]
+        if self.kv_attention is not None and image_ids is None:  # write + attend as one op (compiled_forward.py)
+            out = self.kv_attention(q, k, v, k_pool, v_pool, kv.slots, kv.block_tables, kv.context_lens,
+                                    kv.query_start, scale, spec.logit_softcap, window)
+        else:
+            write_kv(k_pool, v_pool, kv.slots, k, v)
+            out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
+                                 softcap=spec.logit_softcap, sliding_window=window,
+                                 image_ids=image_ids)  # [T, heads, head_dim]
         return F.linear(out.flatten(-2), w.o, w.o_bias)
 
     # -- loading: every tensor to the device, in the model dtype --
