@@ -56,9 +56,9 @@ class TorchSampler(Sampler):
         if not isinstance(logits, torch.Tensor):
             return super().__call__(logits, states)
         _check(logits, states)
-        tokens, processed, dev = self._tokens(logits, states)
         batch = len(states)
         lp_rows = np.flatnonzero([s.params.logprobs is not None for s in states])
+        tokens, processed, dev = self._tokens(logits, states, lp_rows)
         if not lp_rows.size:
             return SampleOutput(tokens.cpu().numpy(), (None,) * batch)
 
@@ -82,12 +82,13 @@ class TorchSampler(Sampler):
         _check(logits, states)
         if any(s.params.logprobs is not None for s in states):
             raise ValueError("launch() samples tokens only; a row asking for logprobs goes through __call__")
-        return DeviceSample(self._tokens(logits, states)[0])
+        return DeviceSample(self._tokens(logits, states, np.zeros(0, np.int64))[0])
 
-    def _tokens(self, logits: torch.Tensor, states: Sequence[SamplingState]
+    def _tokens(self, logits: torch.Tensor, states: Sequence[SamplingState], lp_rows: np.ndarray
                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """[batch] int64 tokens on the device, the logits they were chosen from, and the step's uploaded arrays
-        ("lp_rows": the rows asking for logprobs); the uniforms are drawn here, on the host, in Sampler's order."""
+        (LP_ROWS, the rows asking for logprobs, among them); the uniforms are drawn here, on the host, in Sampler's
+        order."""
         if all(_plain_greedy(s) for s in states):
             return logits.argmax(dim=-1), logits, {}  # [batch] int64
         host = _host_inputs(states, logits.shape[1])
@@ -95,7 +96,7 @@ class TorchSampler(Sampler):
         rngs = [self._rng if states[r].rng is None else states[r].rng for r in sample_rows]
         # u in (0, 1], as Sampler draws it: a zero-weight token is then never the first with cdf >= target
         host.arrays["u"] = np.array([1.0 - g.random() for g in rngs], dtype=np.float64)  # [sampling rows]
-        host.arrays["lp_rows"] = np.flatnonzero([s.params.logprobs is not None for s in states])
+        host.arrays["lp_rows"] = lp_rows
         dev = _to_device(logits.device, host.arrays)
         processed = _process(logits, dev, host)  # [batch, vocab]
         tokens = processed.argmax(dim=-1)  # [batch] int64; greedy rows keep this
