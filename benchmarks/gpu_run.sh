@@ -4,7 +4,8 @@
 # fetched). Run from the repository root: `bash benchmarks/gpu_run.sh [tests|kernel|smollm2|8b ...]` (all parts
 # by default; a device call is at most 10 minutes, so split them across calls). `tp` (not a default part: it
 # needs 2 GPUs, nvidia-h200-x2 or larger) runs the torch backend's tensor-parallel test, its ranks over NCCL;
-# `profile` (not a default part either) the kernels of one decode step (benchmarks/gpu_step_profile.py).
+# `profile` (not a default part either) the kernels of one decode step (benchmarks/gpu_step_profile.py);
+# `numerics` (nor this) where ours parts from transformers, layer by layer (benchmarks/gpu_numerics.py).
 # The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
 # gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
 # to /tmp/site first.
@@ -50,6 +51,9 @@ for part in $PARTS; do
     kernel)
       timeout ${KERNEL_S:-150} python3 benchmarks/gpu_paged_attention.py --json "$OUT/paged-attention.json" 2>&1 \
         | tail -60 | tee "$OUT/paged-attention.txt" ;;
+    numerics)  # not a default part: ours vs transformers layer by layer, eager / compiled / warmed (gpu_numerics.py)
+      timeout ${NUMERICS_S:-420} python3 benchmarks/gpu_numerics.py --shape ${NUMERICS_SHAPE:-llama3-8b} ${NUMERICS_ARGS:-} \
+        --json "$OUT/gpu-numerics.json" 2>&1 | grep -v "Loading weights\|regex pattern" | tail -40 | tee "$OUT/gpu-numerics.txt" ;;
     profile)  # not a default part: the kernels of a decode step and the host around them (gpu_step_profile.py)
       timeout ${PROFILE_S:-240} python3 benchmarks/gpu_step_profile.py --shape ${PROFILE_SHAPE:-smollm2} ${PROFILE_ARGS:-} \
         --json "$OUT/gpu-step-profile.json" 2>&1 | grep -v "^USDT" | tail -60 | tee "$OUT/gpu-step-profile.txt" ;;
