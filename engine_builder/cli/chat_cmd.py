@@ -38,7 +38,7 @@ def chat(
                                                     "prefills only what is new (onnxruntime backend).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
-    async_scheduling: AsyncScheduling = False,
+    async_scheduling: AsyncScheduling = None,
     limit_mm_per_prompt: LimitMmPerPrompt = None,
     max_image_bytes: MaxImageBytes = None,
     max_image_pixels: MaxImagePixels = None,

@@ -71,7 +71,7 @@ def run(
                                                     "backend; same answers at temperature 0).")] = True,
     kv_cache_memory: KVCacheMemory = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
-    async_scheduling: AsyncScheduling = False,
+    async_scheduling: AsyncScheduling = None,
     image: Annotated[list[Path] | None, typer.Option(
         "--image", help="An image for a vision-language engine (PNG, JPEG, WebP, GIF); repeat for several. Each "
                         "takes an image token's place in the prompt; with none there, the images go first.")] = None,

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-AsyncScheduling = Annotated[bool, typer.Option(
-    "--async-scheduling", help="The torch backend on a GPU: launch each decode step before the last step's tokens "
-                               "reach the host, so detokenizing, stop checks and scheduling overlap the GPU's work "
-                               "(vLLM's flag). The same tokens; not with --speculative. Default: off.")]
+AsyncScheduling = Annotated[bool | None, typer.Option(
+    "--async-scheduling/--no-async-scheduling",
+    help="The torch backend on a GPU: launch each decode step before the last step's tokens reach the host, so "
+         "detokenizing, stop checks and scheduling overlap the GPU's work (vLLM's flag). The same tokens. Default: "
+         "on where the torch backend runs on a GPU without --speculative, off elsewhere.", show_default=False)]

@@ -128,7 +128,7 @@ def serve(
     limit_mm_per_prompt: LimitMmPerPrompt = None,
     max_image_bytes: MaxImageBytes = None,
     max_image_pixels: MaxImagePixels = None,
-    async_scheduling: AsyncScheduling = False,
+    async_scheduling: AsyncScheduling = None,
 ) -> None:
     """Serve an engine over HTTP: TGI (/generate, /generate_stream) and OpenAI (/v1/completions,
     /v1/chat/completions, /v1/models) APIs, /health, Prometheus /metrics, API docs at /docs.

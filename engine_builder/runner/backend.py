@@ -70,6 +70,8 @@ class Backend(ABC):
     takes_images: bool = False  # a vision-language twin whose steps take image features (bind_images)
     # steps take ModelInput.device_tokens (the last step's samples left on the device: async scheduling)
     takes_device_tokens: bool = False
+    # LLM(async_scheduling=None): async scheduling unless asked off (where the steps run on a GPU)
+    async_by_default: bool = False
     execute_seconds: float  # wall time inside the engine call, summed over every step
 
     @classmethod

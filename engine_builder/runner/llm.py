@@ -80,7 +80,7 @@ class LLM:
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, speculative: SpeculativeConfig | str | None = None,
                  kv_cache_memory: int | None = None, kv_budget_tokens: int | None = None,
                  gpu_memory_utilization: float | None = None, image_limits: ImageLimits = ImageLimits(),
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool | None = None) -> None:
         """Open an engine dir. backend: auto (TensorRT when its verdict allows, else onnxruntime),
         tensorrt or onnxruntime. seed seeds requests that carry no seed of their own. threads:
         onnxruntime intra-op threads (default: the physical cores this process may use). verify=False
@@ -107,7 +107,8 @@ class LLM:
         pixels of each: runner/vision/image_limits.py); more is an InputError.
         async_scheduling: the torch backend launches each decode step before the last one's tokens reach the host, so
         the host's per-token work overlaps the GPU's (runner/async_decode.py; vLLM's --async-scheduling): the same
-        tokens, each request's last one a step later; not with speculative decoding."""
+        tokens, each request's last one a step later; not with speculative decoding. None (the default): on where the
+        backend runs on a GPU and nothing speculative is asked for; False: never."""
         self._image_limits = image_limits
         spec = SpeculativeConfig.of(speculative)  # a bad value fails before anything loads
         if async_scheduling and spec is not None:
@@ -136,7 +137,7 @@ class LLM:
 
     def _open(self, spec: SpeculativeConfig | None, backend: str, seed: int | None, threads: int | None,
               prefix_cache: bool, prefix_cache_bytes: int, kv_cache_memory: int | None,
-              gpu_memory_utilization: float | None = None, async_scheduling: bool = False) -> None:
+              gpu_memory_utilization: float | None = None, async_scheduling: bool | None = None) -> None:
         # exactly one of the two is set: embeddings over an encoder engine, the generation loop over a decoder
         self.embeddings: Embeddings | None = None
         self._generator: Generator | None = None
@@ -165,6 +166,8 @@ class LLM:
         cache = None
         if prefix_cache and self._backend.reprefill_after is None:  # longrope: cached keys change past a length
             cache = self._backend.kv.prefix_cache(budget_bytes=prefix_cache_bytes)
+        if async_scheduling is None:
+            async_scheduling = spec is None and self._backend.async_by_default
         decoding = AsyncDecode() if async_scheduling else None
         if spec is not None:
             decoding = speculative_decode(spec, self._backend, self.tokenizer, seed=seed, threads=threads)

@@ -69,14 +69,14 @@ def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, 
           stalled_stream_timeout: float = DEFAULT_STALLED_STREAM_TIMEOUT_S, client_share: int | None = None,
           on_ready: Callable[[str], None] = print, log: Callable[[str], None] | None = None,
           log_format: str | None = None, verify: bool = True, speculative: SpeculativeConfig | None = None,
-          image_limits: ImageLimits = ImageLimits(), async_scheduling: bool = False) -> None:
+          image_limits: ImageLimits = ImageLimits(), async_scheduling: bool | None = None) -> None:
     """Serve an engine dir over HTTP until SIGINT/SIGTERM. on_ready(url) runs once it accepts
     connections; log(line) gets the start-up summary (backend, limits) and, with log_format "text" or
     "json", an access-log line per request (server/access_log.py). speculative: every request of this
     server decodes speculatively (runner/speculative/; same tokens at temperature 0), its acceptance
     counted on /metrics (server/speculative_metrics.py). image_limits: what a request's images may be (a
     vision-language engine; runner/vision/image_limits.py). async_scheduling: the torch backend's decode steps
-    launched ahead of the last one's tokens (runner/async_decode.py)."""
+    launched ahead of the last one's tokens (runner/async_decode.py; None: on a GPU, as LLM decides)."""
     from engine_builder.executor import Executor
     from engine_builder.executor.scheduler_options import budget_total_tokens, scheduler_config
     from engine_builder.runner.backend_choice import BACKENDS

@@ -47,6 +47,7 @@ def tensor_parallel(comm: Collectives) -> TensorParallel:
 
 
 class TorchParallelBackend(TorchRuntime):
+    takes_device_tokens = False  # the followers are sent the step's token ids from the host, never device ones
     """Rank 0's Backend: the ordinary TorchRuntime (its shard, its pools, the KV bookkeeping of every rank), each
     pool change and step sent to the followers first."""
 

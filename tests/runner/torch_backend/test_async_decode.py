@@ -25,7 +25,7 @@ def engine(tiny_engine):
 
 @pytest.fixture(scope="module")
 def plain(engine):
-    llm = LLM(engine, backend="torch")
+    llm = LLM(engine, backend="torch", async_scheduling=False)
     yield llm
     llm.close()
 
@@ -93,6 +93,29 @@ def test_preempted_requests_resume_with_the_same_greedy_tokens(engine, plain):
         assert got == outcome(plain.generate(prompt_token_ids=prompts, params=params))
     finally:
         tight.close()
+
+
+def test_by_default_async_scheduling_runs_on_a_gpu_only(engine, plain):
+    from engine_builder.runner.async_decode import AsyncDecode
+    from engine_builder.runner.generate import PlainDecode
+
+    llm = LLM(engine, backend="torch")
+    try:
+        gpu = llm.backend.device.type == "cuda"
+        assert isinstance(llm.generator.decoding, AsyncDecode if gpu else PlainDecode)
+    finally:
+        llm.close()
+    assert isinstance(plain.generator.decoding, PlainDecode)  # async_scheduling=False: never
+    speculative = LLM(engine, backend="torch", speculative="ngram")  # the default gives way to speculation
+    try:
+        assert not isinstance(speculative.generator.decoding, AsyncDecode)
+    finally:
+        speculative.close()
+    twin = LLM(engine, backend="onnxruntime")  # a host backend: off, no refusal
+    try:
+        assert isinstance(twin.generator.decoding, PlainDecode)
+    finally:
+        twin.close()
 
 
 def test_async_scheduling_is_refused_where_it_cannot_run(engine):
