@@ -9,7 +9,7 @@ tensors, the way TensorRT-LLM's own runtime went:
                               checkpoint_tensors: reading and dequantizing the canonical tensors)
     device_kv_attention.py    the paged pool's write and the reference attention (gather + SDPA, the oracle)
     paged_attention_triton.py the Triton kernel that reads the block table on the GPU
-    cuda_graphs.py            decode steps captured per batch-size bucket
+    cuda_graphs.py            decode steps captured per batch-size bucket, short prefills per length
     device_sampler.py         sampling where the logits are
     device.py                 which device, and the KV pool's share of its memory
 """

@@ -7,7 +7,8 @@
                      only): block tables, radix prefix reuse by reference, copy-on-write fork; the pools are
                      [num_blocks, block_size, kv_heads, head_dim] device tensors per layer, and the manager's
                      block copies run here (copy_blocks)
-    decode steps     on CUDA, replayed from CUDA graphs captured per batch-size bucket (cuda_graphs.py)
+    decode steps     on CUDA, replayed from CUDA graphs captured per batch-size bucket (cuda_graphs.py), as is a
+                     lone sequence's prefill of up to 256 tokens, per query-length bucket
     images           a vision-language engine's prefill: ModelInput.images' features replace those tokens'
                      embeddings (model.py ImageSplice); where an image's tokens attend both ways (Gemma 3) that
                      step's attention is paged_attention_ref with the image mask, on CUDA too (the Triton kernel
@@ -136,9 +137,9 @@ class TorchRuntime(Backend):
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layout.num_layers)]
         self._graphs = None
         if self.device.type == "cuda":
-            from engine_builder.runner.torch_backend.cuda_graphs import DecodeGraphs
+            from engine_builder.runner.torch_backend.cuda_graphs import StepGraphs
 
-            self._graphs = DecodeGraphs(self)
+            self._graphs = StepGraphs(self)
 
     def resize_kv(self, kv_cache_memory: int | None, prefix_cache: bool = True) -> None:
         """A new pool of kv_cache_memory bytes, or of what the device's memory leaves (None); before any request
@@ -182,9 +183,10 @@ class TorchRuntime(Backend):
         return logits
 
     def _step(self, batch: ModelInput) -> torch.Tensor:
-        """The model over BATCH, its blocks in place (prepare_writes done): a decode graph's replay, or eager."""
-        if self._graphs is not None and batch.images is None and self._graphs.takes(batch):
-            return self._graphs.run(batch)
+        """The model over BATCH, its blocks in place (prepare_writes done): a captured step's replay, or eager."""
+        key = self._graphs.bucket(batch) if self._graphs is not None and batch.images is None else None
+        if key is not None:
+            return self._graphs.run(batch, key)
         return self._eager(batch)
 
     def block_tables(self, slots: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
@@ -238,8 +240,9 @@ class TorchRuntime(Backend):
         if progress is not None:
             what = ["torch.compile of the layers"] if self.compiled is not None else []
             if self._graphs is not None:
-                what.append(f"{len(self._graphs.sizes)} CUDA graphs (batch {self._graphs.sizes[0]}.."
-                            f"{self._graphs.sizes[-1]})")
+                g = self._graphs
+                what.append(f"{g.count} CUDA graphs (decode batch {g.sizes[0]}..{g.sizes[-1]}, prefill "
+                            f"{g.prefill_sizes[0]}..{g.prefill_sizes[-1]} tokens)")
             progress(f"warming up: {' and '.join(what)}")
         started = time.perf_counter()
         compile_before = self.compiled.seconds if self.compiled is not None else 0.0
@@ -252,7 +255,7 @@ class TorchRuntime(Backend):
             torch.cuda.synchronize(self.device)
         compile_s = (self.compiled.seconds if self.compiled is not None else 0.0) - compile_before
         return WarmUp(time.perf_counter() - started, compile_s, capture,
-                      len(self._graphs.sizes) if self._graphs is not None else 0)
+                      self._graphs.count if self._graphs is not None else 0)
 
     def _scratch_step(self, query: int, blocks: int) -> None:
         """One sequence of QUERY new tokens at positions 0.., its block table BLOCKS scratch blocks wide."""

@@ -31,7 +31,7 @@ def test_warm_up_compiles_before_the_first_request_and_writes_only_scratch(engin
         lines: list[str] = []
         warm = llm.warm_up(lines.append)
         assert warm is not None and warm.compile_seconds > 0 and "torch.compile" in lines[0]
-        assert warm.graphs == (len(llm.backend._graphs.sizes) if ON_GPU else 0)
+        assert warm.graphs == (llm.backend._graphs.count if ON_GPU else 0)
         for pool in (*llm.backend.keys, *llm.backend.values):
             rest = torch.cat([pool[:SCRATCH_BLOCK], pool[SCRATCH_BLOCK + 1:]])
             assert not rest.any()  # no slot's, no cached prompt's block was written
