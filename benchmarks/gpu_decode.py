@@ -11,7 +11,8 @@ carries the checkpoint's tensors the torch backend runs), then, side by side in 
     ours      LLM(engine, backend="torch"): decode tok/s at each --batch (prompt 16 tokens, --new-tokens, EOS
               ignored; tok/s = generated tokens / wall time of the generate call), time to first token of a
               1,024-token prompt, a prefix-cache hit on a 1,000-token system prompt vs cold, --serve requests
-              of 128 in / 128 out through LLM.generate's in-flight batching (output tok/s); CUDA graph capture
+              of --serve-len in / out (128; also 1000) through LLM.generate's in-flight batching (output tok/s,
+              and the weights' TB/s over its decode steps and the TFLOP/s over its wall); CUDA graph capture
               seconds. Decode and serve also with async scheduling (keys async_*: the same LLM with
               runner/async_decode.py's policy, what LLM(..., async_scheduling=True) runs), alternating runs
     hf        transformers' generate on the same weights and prompts: eager (dynamic cache) and
@@ -253,16 +254,18 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     out["prefix_hit_over_cold"] = round(statistics.median(hit) / statistics.median(cold), 3)
     log(f"ours ttft 1024: {out['ttft_1024_ms']} ms; prefix hit/cold {out['prefix_hit_over_cold']}")
     save()
-    if args.serve:
-        ids = prompts(vocab, args.serve, 128, seed=13)
+    for length in args.serve_len if args.serve else []:
+        ids = prompts(vocab, args.serve, length, seed=13)
         for policy in policies:
             timed(ids[:8], 4, policy)
-            wall, res = timed(ids, 128, policy)
-            key = f"{policy}serve_{args.serve}x128"
-            out[f"{key}_out_tok_s"] = round(args.serve * 128 / wall, 1)
+            wall, res = timed(ids, length, policy)
+            key = f"{policy}serve_{args.serve}x{length}"
+            out[f"{key}_out_tok_s"] = round(args.serve * length / wall, 1)
             t = llm.last_timings  # where the wall went: prefill steps, decode steps (their tok/s and count)
-            out[f"{key}_timings"] = t.to_json() | {"wall_s": round(wall, 3), "decode_s": round(t.decode_seconds, 3)}
-            log(f"ours {policy}serve {args.serve}x128/128: {out[f'{key}_out_tok_s']} tok/s ({out[f'{key}_timings']})")
+            out[f"{key}_timings"] = t.to_json() | {"wall_s": round(wall, 3), "decode_s": round(t.decode_seconds, 3),
+                                                   "tokens": 2 * args.serve * length}
+            log(f"ours {policy}serve {args.serve}x{length}/{length}: {out[f'{key}_out_tok_s']} tok/s "
+                f"({out[f'{key}_timings']})")
             save()
     llm.close()
     del llm
@@ -322,7 +325,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
-    ap.add_argument("--serve", type=int, default=256, help="concurrent 128/128 requests (0: skip)")
+    ap.add_argument("--serve", type=int, default=256, help="concurrent requests of --serve-len in / out (0: skip)")
+    ap.add_argument("--serve-len", type=int, nargs="+", default=[128], help="prompt = answer tokens (e.g. 128 1000)")
     ap.add_argument("--skip", nargs="*", default=[], help="hf, ours, hf-eager-batch, hf-static")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     ap.add_argument("--json", type=Path)
@@ -355,6 +359,12 @@ def main() -> None:
                 a, b = row["ours"]["greedy_32"], row["hf"]["greedy_32"]
                 row["greedy_tokens_equal_hf"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
                 log(f"{shape}: the first {row['greedy_tokens_equal_hf']} of 32 greedy tokens equal HF's")
+            for key, t in list(row["ours"].items()):  # serving: the weights' bytes a decode step reads, the FLOPs
+                if key.endswith("_timings") and t.get("decode_steps"):
+                    stem, ours_row = key.removesuffix("_timings"), row["ours"]
+                    read = weights * t["decode_steps"] / t["decode_s"]
+                    ours_row[f"{stem}_decode_weights_tb_s"] = round(read / 1e12, 3)
+                    ours_row[f"{stem}_tflops"] = round(weights * t["tokens"] / t["wall_s"] / 1e12, 1)  # 2 x bf16 params
             b1 = row["ours"].get("decode_b1_tok_s")
             if b1:
                 row["ours"]["b1_of_ceiling"] = round(b1 / row["ceiling_b1_tok_s"], 3)

@@ -61,7 +61,7 @@ for part in $PARTS; do
       timeout ${SMOLLM2_S:-250} python3 benchmarks/gpu_decode.py --shapes smollm2 ${SMOLLM2_ARGS:-} --json "$OUT/gpu-decode-smollm2.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-smollm2.txt" ;;
     8b)
-      timeout ${LLAMA8B_S:-560} python3 benchmarks/gpu_decode.py --shapes llama3-8b ${LLAMA8B_ARGS:-} --json "$OUT/gpu-decode-8b.json" 2>&1 \
+      timeout ${LLAMA8B_S:-560} python3 benchmarks/gpu_decode.py --shapes llama3-8b --serve-len 128 1000 ${LLAMA8B_ARGS:-} --json "$OUT/gpu-decode-8b.json" 2>&1 \
         | tail -60 | tee "$OUT/gpu-decode-8b.txt" ;;
   esac
 done
