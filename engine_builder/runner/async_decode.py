@@ -66,11 +66,12 @@ class AsyncDecode:
     def decode(self, gen: Generator, active: dict[int, RequestState], events: list[Event],
                clock: StepClock | None) -> None:
         if gen.backend.reprefill_after is not None or not all(_overlaps(r) for r in active.values()):
+            waited = time.perf_counter()
             accepted = self._accept(gen, self._flight, events)
             self._flight = None
             _drop_finished(active)
-            if clock is not None and accepted:
-                clock.decode_step(0.0, 0.0, accepted)
+            if clock is not None and accepted:  # the step in flight was counted when it was launched
+                clock.decode_step(time.perf_counter() - waited, 0.0, accepted, steps=0)
             if active:
                 gen.decode_batch(active, events, clock)
             return

@@ -106,12 +106,13 @@ class StepClock:
         self.prefill = self.decode = self.execute = 0.0
         self.decode_tokens = self.decode_steps = 0
 
-    def decode_step(self, seconds: float, execute_seconds: float, tokens: int) -> None:
-        """One decode step that took SECONDS, EXECUTE_SECONDS of them in the engine, and emitted TOKENS."""
+    def decode_step(self, seconds: float, execute_seconds: float, tokens: int, steps: int = 1) -> None:
+        """One decode step that took SECONDS, EXECUTE_SECONDS of them in the engine, and emitted TOKENS (STEPS=0:
+        the tokens of a step counted when it was launched, async scheduling's wait for them)."""
         self.decode += seconds
         self.execute += execute_seconds
         self.decode_tokens += tokens
-        self.decode_steps += 1
+        self.decode_steps += steps
 
     def proposing(self, seconds: float, execute_seconds: float) -> None:
         """Time a speculative step spent proposing (a draft model's engine calls: EXECUTE_SECONDS of them) before

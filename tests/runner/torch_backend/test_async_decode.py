@@ -82,6 +82,28 @@ def test_rows_the_device_cannot_sample_alone_fall_back_to_plain_steps(plain, ahe
     assert [lp.token_id for lp in got[1].logprobs] == list(got[1].token_ids)
 
 
+def test_a_fall_back_mid_run_counts_each_step_once(plain, ahead):
+    """The last request asks for logprobs and joins while launched steps run ahead: the step in flight is accepted
+    (its tokens counted, not as a step of its own), then plain steps. Timings count the steps the backend ran."""
+    params = staggered(temperature=0.0)
+    params[6] = SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=0.0, logprobs=1)
+    forward, decode_steps = ahead.backend.forward, []
+
+    def counting(batch):  # the prompts are 2..14 tokens: a step of one token a row is a decode step
+        decode_steps.append(batch.num_tokens == batch.num_seqs)
+        return forward(batch)
+
+    ahead.backend.forward = counting
+    try:
+        got = ahead.generate(prompt_token_ids=PROMPTS, params=params)
+    finally:
+        ahead.backend.forward = forward
+    assert outcome(got) == outcome(plain.generate(prompt_token_ids=PROMPTS, params=params))
+    timings = ahead.last_timings
+    assert timings.decode_steps == sum(decode_steps)
+    assert timings.decode_tokens == sum(len(o.token_ids) - 1 for o in got)  # each one's first token: its prefill's
+
+
 def test_preempted_requests_resume_with_the_same_greedy_tokens(engine, plain):
     per_block = plain.backend.kv.pool.nbytes // plain.backend.kv.pool.num_blocks
     tight = LLM(engine, backend="torch", async_scheduling=True, kv_cache_memory=8 * per_block)  # 7 blocks + scratch
