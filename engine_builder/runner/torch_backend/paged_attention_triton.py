@@ -20,6 +20,11 @@ CUDA-graph capturable: the grid comes from host ints only (num_seqs = block_tabl
 num_splits from the block table's width), nothing reads a device tensor on the host. A sequence with no queries
 (a CUDA-graph bucket's padding row) reads two query_start entries and returns; rows of q that no sequence owns
 (a bucket's tail) are left as they were in out.
+
+One compiled variant per tile and split (and per model: head counts, head_dim, soft-cap, window): the ints that
+change from step to step (the token count, the split count, the block table's width) are not specialized on
+(Triton would otherwise compile anew for each of 1, a multiple of 16 and anything else, mid-serving: ~1 s each),
+so the warm-up's steps (tile_queries) compile every variant a model's steps can take.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ from engine_builder.runner.tunables import (
 LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one instruction (MUFU.EX2), exp is two
 
 
-@triton.jit
+STEP_INTS = ("num_splits", "num_tokens", "num_seqs", "stride_bt")  # see the module doc: never specialized on
+
+
+@triton.jit(do_not_specialize=[n for n in STEP_INTS if n != "num_seqs"])
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
         block_tables_ptr, context_lens_ptr, query_start_ptr,
@@ -152,7 +160,7 @@ def _paged_attention_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[n for n in STEP_INTS if n != "stride_bt"])
 def _combine_splits_kernel(
         part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits, num_tokens,
         stride_ot, stride_oh,
@@ -205,6 +213,15 @@ def choose_tile(group: int, head_dim: int, max_query_len: int, element_size: int
     block_n = min(128, max(16, (16384 // element_size) // head_dim_pad if element_size <= 2 else 2048 // head_dim_pad))
     return Tile(block_m=block_m, block_q=block_m // group, block_n=block_n, head_dim_pad=head_dim_pad,
                 num_warps=4, num_stages=3 if block_m <= 16 else 2)
+
+
+def tile_queries(group: int, head_dim: int, max_query_len: int, element_size: int = 2) -> list[int]:
+    """The shortest query length of each tile choose_tile makes for queries of 1..max_query_len: steps of these
+    lengths compile every tile the model's steps can take (the warm-up's)."""
+    first: dict[Tile, int] = {}
+    for query in range(1, max_query_len + 1):
+        first.setdefault(choose_tile(group, head_dim, query, element_size), query)
+    return sorted(first.values())
 
 
 @functools.lru_cache(maxsize=None)

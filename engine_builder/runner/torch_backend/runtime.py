@@ -84,6 +84,7 @@ class TorchRuntime(Backend):
         lim = engine.limits
         # CUDA: the Triton kernel reads the block tables; elsewhere gather + SDPA (device_kv_attention.py), its oracle
         attention = paged_attention_ref
+        self._triton = None
         if self.device.type == "cuda":  # Triton ships with torch's CUDA builds, not with the CPU one
             from engine_builder.runner.torch_backend.paged_attention_triton import paged_attention_triton
 
@@ -247,7 +248,14 @@ class TorchRuntime(Backend):
         started = time.perf_counter()
         compile_before = self.compiled.seconds if self.compiled is not None else 0.0
         width = self.layout.max_blocks_per_seq
-        for query in sorted({1, 2, min(64, self.max_input_len), self.max_input_len}):
+        queries = {1, 2, min(64, self.max_input_len), self.max_input_len}
+        if self._triton is not None:  # a step of each tile's shortest query compiles that tile (its kernel variant)
+            from engine_builder.runner.torch_backend.paged_attention_triton import tile_queries
+
+            cfg = self.model.cfg
+            queries |= set(tile_queries(cfg.num_heads // cfg.num_kv_heads, cfg.head_dim, self.max_input_len,
+                                        torch.finfo(self.dtype).bits // 8))
+        for query in sorted(queries):
             for blocks in sorted({-(-query // self.layout.block_size), width}):  # a short and the longest table
                 self._scratch_step(query, blocks)
         capture = self._graphs.capture_all() if self._graphs is not None else 0.0

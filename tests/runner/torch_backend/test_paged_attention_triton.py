@@ -173,6 +173,41 @@ def test_matches_reference_on_cuda(name):
     _check(run_case(spec, list(CASES).index(name), "cuda"), spec)
 
 
+@pytest.mark.parametrize("group, head_dim, element_size", [(3, 64, 2), (4, 128, 2), (1, 64, 2), (7, 64, 2), (3, 64, 4)])
+def test_the_warm_ups_query_lengths_take_every_tile(group, head_dim, element_size):
+    from engine_builder.runner.torch_backend.paged_attention_triton import choose_tile, tile_queries
+
+    every = {choose_tile(group, head_dim, q, element_size) for q in range(1, 1025)}
+    chosen = tile_queries(group, head_dim, 1024, element_size)
+    assert {choose_tile(group, head_dim, q, element_size) for q in chosen} == every and len(chosen) == len(every)
+    assert chosen[0] == 1 and (len(every) > 1) == (element_size == 2)  # 16-bit pools: decode, verify, prefill tiles
+
+
+def test_steps_of_any_token_count_or_table_width_share_one_compiled_variant():
+    """The ints that change from step to step are not specialized on: decode batches of 1, 5 and 16 tokens over
+    tables 3, 16 and 17 blocks wide compile the kernel once (each of them a compile of ~1 s mid-serving else)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: Triton's JIT compiles on one (the interpreter specializes nothing)")
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+
+    def variants() -> int:
+        return sum(len(cache[0]) for cache in pat._paged_attention_kernel.device_caches.values())
+
+    pool = torch.randn(64, 16, 3, 64, dtype=torch.bfloat16, device="cuda")
+    before = None
+    for seqs, width in ((1, 3), (5, 16), (16, 17), (5, 3)):
+        q = torch.randn(seqs, 9, 64, dtype=torch.bfloat16, device="cuda")
+        tables = torch.randint(1, 64, (seqs, width), dtype=torch.int32, device="cuda")
+        lens = torch.full((seqs,), 16 * width - 5, dtype=torch.int32, device="cuda")
+        starts = torch.arange(seqs + 1, dtype=torch.int32, device="cuda")
+        pat.paged_attention_triton(q, pool, pool, tables, lens, starts, scale=0.125, max_query_len=1, num_splits=1)
+        before = variants() if before is None else before
+    torch.cuda.synchronize()
+    assert variants() == before
+
+
 def test_host_side_never_synchronizes(monkeypatch):
     """What CUDA-graph capture needs: the wrapper reads no device value (no .item(), .tolist(), bool(tensor)...)
     and sizes both grids from host ints only. Kernels are stubbed; every tensor -> host conversion raises."""
@@ -233,8 +268,9 @@ def _compile_sm90(**const):
                 "part_lse_ptr": "fp32", "block_tables_ptr": "i32", "context_lens_ptr": "i32", "query_start_ptr": "i32"}
     sig = {n: "constexpr" if n in const else "*" + pointers[n] if n in pointers else "fp32"
            if n in ("scale", "softcap") else "i32" for n in fn.arg_names}
-    # what the JIT marks on a real launch: 16-byte aligned pointers, strides that are multiples of 16
-    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride_")]
+    # what the JIT marks on a real launch: 16-byte aligned pointers, strides that are multiples of 16 (not the block
+    # table's row stride: a step-varying int, never specialized on)
+    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride_") and n not in pat.STEP_INTS]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     kernel = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})
