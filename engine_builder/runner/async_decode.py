@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from engine_builder.runner.core.model_input import DeviceTokens, ModelInput
-from engine_builder.runner.generate import Generator
+from engine_builder.runner.generate import Generator, drop_finished
 from engine_builder.runner.request_state import Event, RequestState, StepClock
 
 
@@ -69,7 +69,7 @@ class AsyncDecode:
             waited = time.perf_counter()
             accepted = self._accept(gen, self._flight, events)
             self._flight = None
-            _drop_finished(active)
+            drop_finished(active)
             if clock is not None and accepted:  # the step in flight was counted when it was launched
                 clock.decode_step(time.perf_counter() - waited, 0.0, accepted, steps=0)
             if active:
@@ -89,7 +89,7 @@ class AsyncDecode:
             kv.advance(s, 1)
         last, self._flight = self._flight, _InFlight(rows, sample)
         accepted = self._accept(gen, last, events)  # while the GPU runs the step just launched
-        _drop_finished(active)
+        drop_finished(active)
         if clock is not None:
             clock.decode_step(time.perf_counter() - started, gen.backend.execute_seconds - execute_before, accepted)
 
@@ -131,7 +131,3 @@ def _overlaps(r: RequestState) -> bool:
     return (r.beams is None and s.grammar is None and s.seen is None and s.counts is None
             and r.params.logprobs is None)
 
-
-def _drop_finished(active: dict[int, RequestState]) -> None:
-    for slot in [s for s, r in active.items() if r.slot is None]:
-        del active[slot]

@@ -363,9 +363,7 @@ class Generator:
                 for s in r.beam_slots:
                     self.backend.kv.advance(s, 1)
                 self._beam_step(r, host[[row_of[s] for s in r.beam_slots]], events)
-        for s in slots:
-            if active[s].slot is None:
-                del active[s]
+        drop_finished(active)
         if clock is not None:
             clock.decode_step(time.perf_counter() - started, self.backend.execute_seconds - execute_before,
                               len(sampled) + len({r.index for r in rows if r.beams is not None}))
@@ -412,6 +410,12 @@ class Generator:
         for slot, used in freed:
             self.next_ids[slot, 0] = 0  # an idle row feeds token 0 at length 0
             self.backend.zero_rows(slot, used)
+
+
+def drop_finished(active: dict[int, RequestState]) -> None:
+    """Leave out of ACTIVE (slot -> request) the requests that released their slot this step."""
+    for slot in [s for s, r in active.items() if r.slot is None]:
+        del active[slot]
 
 
 def _finish_beams(r: RequestState) -> list[Event]:
