@@ -23,11 +23,12 @@ eager warm-up steps (cuda_graphs.py) have run its collectives outside any captur
 from __future__ import annotations
 
 import atexit
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from engine_builder.runner.backend import WarmUp
 from engine_builder.runner.core.model_input import ModelInput
 from engine_builder.runner.engine import EngineDir
 from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
@@ -47,11 +48,16 @@ def tensor_parallel(comm: Collectives) -> TensorParallel:
 
 
 class TorchParallelBackend(TorchRuntime):
-    takes_device_tokens = False  # the followers are sent the step's token ids from the host, never device ones
     """Rank 0's Backend: the ordinary TorchRuntime (its shard, its pools, the KV bookkeeping of every rank), each
     pool change and step sent to the followers first."""
 
     title = "PyTorch tp ranks"
+    takes_device_tokens = False  # the followers are sent the step's token ids from the host, never device ones
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
+        """Nothing ahead: the warm-up's steps and captures would run rank 0's collectives with no follower
+        stepping (a hang); the ranks compile and capture together at their first steps instead."""
+        return None
 
     @classmethod
     def open(cls, engine: EngineDir, *, threads: int | None = None) -> TorchParallelBackend:

@@ -52,9 +52,10 @@ def buckets(max_batch: int) -> list[int]:
 
 
 def prefill_buckets(max_input_len: int) -> list[int]:
-    """Query lengths 16, 32, .. 256 (powers of two) up to max_input_len, and max_input_len itself if under 256."""
+    """Query lengths 16, 32, .. 256 (powers of two) up to max_input_len, and max_input_len itself if under 256 (none
+    where a prefill is one token)."""
     out = [t for t in (16, 32, 64, 128, 256) if t < max_input_len]
-    return sorted({*out, min(max_input_len, 256)})
+    return sorted({*out, min(max_input_len, 256)}) if max_input_len > 1 else []
 
 
 def step_bucket(batch: ModelInput, sizes: list[int], prefill_sizes: list[int]) -> tuple[str, int] | None:
@@ -63,7 +64,7 @@ def step_bucket(batch: ModelInput, sizes: list[int], prefill_sizes: list[int]) -
     n, q = batch.num_seqs, batch.num_tokens
     if q == n and n <= sizes[-1] and bool((batch.logits_indices == np.arange(n)).all()):
         return "decode", next(s for s in sizes if s >= n)
-    if (n == 1 and 1 < q <= prefill_sizes[-1] and len(batch.logits_indices) == 1
+    if (prefill_sizes and n == 1 and 1 < q <= prefill_sizes[-1] and len(batch.logits_indices) == 1
             and batch.logits_indices[0] == q - 1 and batch.device_tokens is None):
         return "prefill", next(t for t in prefill_sizes if t >= q)
     return None

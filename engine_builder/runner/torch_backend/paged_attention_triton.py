@@ -24,7 +24,7 @@ num_splits from the block table's width), nothing reads a device tensor on the h
 One compiled variant per tile and split (and per model: head counts, head_dim, soft-cap, window): the ints that
 change from step to step (the token count, the split count, the block table's width) are not specialized on
 (Triton would otherwise compile anew for each of 1, a multiple of 16 and anything else, mid-serving: ~1 s each),
-so the warm-up's steps (tile_queries) compile every variant a model's steps can take.
+so the warm-up's steps (one per tile: tile_queries) and graph captures compile the variants a model's steps take.
 """
 
 from __future__ import annotations

@@ -242,8 +242,8 @@ class TorchRuntime(Backend):
             what = ["torch.compile of the layers"] if self.compiled is not None else []
             if self._graphs is not None:
                 g = self._graphs
-                what.append(f"{g.count} CUDA graphs (decode batch {g.sizes[0]}..{g.sizes[-1]}, prefill "
-                            f"{g.prefill_sizes[0]}..{g.prefill_sizes[-1]} tokens)")
+                prefills = f", prefill {g.prefill_sizes[0]}..{g.prefill_sizes[-1]} tokens" if g.prefill_sizes else ""
+                what.append(f"{g.count} CUDA graphs (decode batch {g.sizes[0]}..{g.sizes[-1]}{prefills})")
             progress(f"warming up: {' and '.join(what)}")
         started = time.perf_counter()
         compile_before = self.compiled.seconds if self.compiled is not None else 0.0

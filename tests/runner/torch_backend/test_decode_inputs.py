@@ -71,7 +71,7 @@ def test_buckets_cover_every_batch_size():
     assert buckets(1) == [1] and buckets(4) == [1, 2, 4] and buckets(20) == [1, 2, 4, 8, 16, 20]
     assert buckets(256)[-4:] == [160, 192, 224, 256] and 64 in buckets(256) and 96 in buckets(256)
     assert prefill_buckets(32) == [16, 32] and prefill_buckets(100) == [16, 32, 64, 100]
-    assert prefill_buckets(8192) == [16, 32, 64, 128, 256]
+    assert prefill_buckets(8192) == [16, 32, 64, 128, 256] and prefill_buckets(1) == []
 
 
 def test_a_padded_prefill_bucket_gives_the_eager_logits_after_a_cached_prefix(backend):

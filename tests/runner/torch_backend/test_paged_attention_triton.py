@@ -183,6 +183,15 @@ def test_the_warm_ups_query_lengths_take_every_tile(group, head_dim, element_siz
     assert chosen[0] == 1 and (len(every) > 1) == (element_size == 2)  # 16-bit pools: decode, verify, prefill tiles
 
 
+def test_the_step_varying_ints_are_named_as_the_kernels_name_them():
+    """Triton ignores a do_not_specialize name that is no argument: a typo would specialize again, silently."""
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+
+    for kernel, names in ((pat._paged_attention_kernel, {"num_splits", "num_tokens", "stride_bt"}),
+                          (pat._combine_splits_kernel, {"num_seqs", "num_splits", "num_tokens"})):
+        assert {p.name for p in kernel.params if p.do_not_specialize} == names
+
+
 def test_steps_of_any_token_count_or_table_width_share_one_compiled_variant():
     """The ints that change from step to step are not specialized on: decode batches of 1, 5 and 16 tokens over
     tables 3, 16 and 17 blocks wide compile the kernel once (each of them a compile of ~1 s mid-serving else)."""

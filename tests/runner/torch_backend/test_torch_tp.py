@@ -34,6 +34,8 @@ def rank_main(engine_dir: str) -> None:
         follow(engine_dir)
         return
     with LLM(engine_dir, backend="torch", kv_cache_memory=KV_BYTES) as llm:
+        # as serve does before it listens: on GPUs, steps and captures on rank 0 alone would hang in a collective
+        assert llm.warm_up() is None
         greedy = llm.generate(prompt_token_ids=PROMPTS, params=SamplingParams(
             max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.0))
         beams = llm.generate(prompt_token_ids=PROMPTS[:1], params=SamplingParams(
