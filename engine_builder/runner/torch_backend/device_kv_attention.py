@@ -58,22 +58,25 @@ def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
         blocks = block_tables[i, :-(-ctx // block_size)].to(device=k_pool.device, dtype=torch.int64)
         k = k_pool[blocks].reshape(-1, kv_heads, k_pool.shape[3])[:ctx]  # [ctx, kv_heads, head_dim]
         v = v_pool[blocks].reshape(-1, kv_heads, v_pool.shape[3])[:ctx]
-        q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]  # [q_len, 1]
-        k_pos = torch.arange(ctx, device=q.device)[None, :]  # [1, ctx]
-        visible = k_pos <= q_pos
-        if image_ids is not None:  # only this step's tokens are numbered: an image is prefilled in one call
-            q_id = image_ids[lo:hi].to(q.device)
-            k_id = torch.cat([torch.zeros(ctx - (hi - lo), dtype=q_id.dtype, device=q.device), q_id])
-            visible |= (q_id[:, None] == k_id[None, :]) & (q_id[:, None] > 0)
-        if sliding_window:
-            visible &= q_pos - k_pos < sliding_window
+        visible = None  # a lone query with no window sees its whole context: no mask (a CPU decode step's case)
+        if hi - lo > 1 or sliding_window or image_ids is not None:
+            q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]  # [q_len, 1]
+            k_pos = torch.arange(ctx, device=q.device)[None, :]  # [1, ctx]
+            visible = k_pos <= q_pos
+            if image_ids is not None:  # only this step's tokens are numbered: an image is prefilled in one call
+                q_id = image_ids[lo:hi].to(q.device)
+                k_id = torch.cat([torch.zeros(ctx - (hi - lo), dtype=q_id.dtype, device=q.device), q_id])
+                visible |= (q_id[:, None] == k_id[None, :]) & (q_id[:, None] > 0)
+            if sliding_window:
+                visible &= q_pos - k_pos < sliding_window
         qi = q[lo:hi].transpose(0, 1).float()  # [heads, q_len, head_dim]
         ki = k.transpose(0, 1).float().repeat_interleave(heads // kv_heads, dim=0)  # [heads, ctx, head_dim]
         vi = v.transpose(0, 1).float().repeat_interleave(heads // kv_heads, dim=0)
         if softcap:
             scores = qi @ ki.transpose(1, 2) * scale
             scores = softcap * torch.tanh(scores / softcap)
-            scores = scores.masked_fill(~visible, float("-inf"))
+            if visible is not None:
+                scores = scores.masked_fill(~visible, float("-inf"))
             o = torch.softmax(scores, dim=-1) @ vi
         else:
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=visible, scale=scale)
