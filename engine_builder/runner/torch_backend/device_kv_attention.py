@@ -56,8 +56,9 @@ def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
         if hi == lo:
             continue
         blocks = block_tables[i, :-(-ctx // block_size)].to(device=k_pool.device, dtype=torch.int64)
-        k = k_pool[blocks].reshape(-1, kv_heads, k_pool.shape[3])[:ctx]  # [ctx, kv_heads, head_dim]
-        v = v_pool[blocks].reshape(-1, kv_heads, v_pool.shape[3])[:ctx]
+        # index_select, not k_pool[blocks]: advanced indexing took 2-3 ms a call on 2 CPU threads, this 3 us
+        k = k_pool.index_select(0, blocks).reshape(-1, kv_heads, k_pool.shape[3])[:ctx]  # [ctx, kv_heads, head_dim]
+        v = v_pool.index_select(0, blocks).reshape(-1, kv_heads, v_pool.shape[3])[:ctx]
         visible = None  # a lone query with no window sees its whole context: no mask (a CPU decode step's case)
         if hi - lo > 1 or sliding_window or image_ids is not None:
             q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]  # [q_len, 1]
