@@ -287,9 +287,10 @@ class TorchDecoder:
 
     def _linear(self, prefix: str, shape: tuple[int, ...] | None = None, stacked: bool = False) -> torch.Tensor:
         """A linear's weight [out, in] for F.linear; on a CPU laid out column-major (the [in, out] transpose
-        contiguous, seen as [out, in]): F.linear then multiplies by a contiguous [in, out], which streams a decode
-        step's weights ~1.5x faster than the row-major layout on the CPUs measured (benchmarks/cpu_torch_backend.py).
-        STACKED: MoE experts' [E * out, in], indexed by expert, stay as stored."""
+        contiguous, seen as [out, in]): F.linear then multiplies by a contiguous [in, out], which streamed a SmolLM2
+        layer stack's weights at one token 1.4x faster than the row-major layout on 2 EPYC cores (decode +23 % end to
+        end: benchmarks/results/cpu-torch-backend-2026-12-05.txt). STACKED: MoE experts' [E * out, in], indexed by
+        expert, stay as stored."""
         shape = shape or self._shapes[prefix + ".weight"]
         weight = float_weight(self._tensors, self._quant, prefix, shape, self.device).to(self.dtype)
         if self.device.type == "cpu" and not stacked:
