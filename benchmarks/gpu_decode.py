@@ -1,8 +1,8 @@
 """The torch backend on a CUDA GPU against HF transformers (eager and static cache) and the GPU's own limits.
 
     python3 benchmarks/gpu_decode.py [--shapes smollm2 llama3-8b] [--runs 3] [--new-tokens 128]
-                                     [--batch 1 64] [--serve 256] [--skip hf ...] [--work /tmp/gpu-bench]
-                                     [--json PATH]
+                                     [--batch 1 64] [--serve 256] [--serve-len 128 ...] [--skip hf ...]
+                                     [--inductor KEY=VALUE ...] [--work /tmp/gpu-bench] [--json PATH]
 
 Per shape, with seeded random bf16 weights (no real 8B weights reach the GPU machine): a Hugging Face dir of
 that shape is written, taken through our own `convert` and `build` (onnxruntime target: every engine dir
@@ -79,6 +79,23 @@ def environment() -> dict:
     return {"gpu": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def inductor_options(pairs: list[str]) -> dict:
+    """--inductor KEY=VALUE ...: torch._inductor.config values set before anything compiles (an A/B of a fusion
+    choice, e.g. keep_addmm_fused_for_half_dtypes=False); an unknown key is an error, not a silent no-op."""
+    import ast
+
+    import torch._inductor.config as inductor
+
+    chosen = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if not hasattr(inductor, key):
+            sys.exit(f"--inductor {pair}: torch {torch.__version__}'s inductor has no option {key!r}")
+        chosen[key] = ast.literal_eval(value)
+        setattr(inductor, key, chosen[key])
+    return chosen
 
 
 def cuda_ms(fn, runs: int = 20, warmup: int = 3) -> float:
@@ -329,8 +346,10 @@ def main() -> None:
     ap.add_argument("--serve-len", type=int, nargs="+", default=[128], help="prompt = answer tokens (e.g. 128 1000)")
     ap.add_argument("--skip", nargs="*", default=[], help="hf, ours, hf-eager-batch, hf-static")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
+    ap.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE", help="torch._inductor.config values")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    inductor_options(args.inductor)
     result: dict = {"environment": environment(), "limits": limits(), "args": vars(args) | {"work": str(args.work)}}
     log(result["environment"], result["limits"])
 

@@ -1,7 +1,8 @@
 """Where a decode step's time goes on the GPU: the kernels of one step and the host's time around them.
 
     python3 benchmarks/gpu_step_profile.py [--shape smollm2] [--batch 1 64] [--steps 32] [--top 15]
-                                           [--async-scheduling] [--work /tmp/gpu-bench] [--json PATH]
+                                           [--async-scheduling] [--inductor KEY=VALUE ...] [--work /tmp/gpu-bench]
+                                           [--json PATH]
 
 gpu_decode.py measured the torch backend at 326 tok/s on the SmolLM2 shape at batch 1 on the H200 (2026-12-02),
 3 ms a token where the weights' bytes take 0.06 ms, while our loop's own Python is ~0.1 ms a token (a tiny model on
@@ -29,7 +30,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_decode import DEVICE, SHAPES, engine_dir, environment, log, prompts, sync, write_hf_dir  # noqa: E402
+from gpu_decode import (  # noqa: E402
+    DEVICE,
+    SHAPES,
+    engine_dir,
+    environment,
+    inductor_options,
+    log,
+    prompts,
+    sync,
+    write_hf_dir,
+)
 
 
 def _device_us(event) -> float:
@@ -141,11 +152,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--async-scheduling", action="store_true", help="LLM(async_scheduling=True)'s decode steps")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE", help="torch._inductor.config values")
     args = parser.parse_args()
+    inductor = inductor_options(args.inductor)
     from engine_builder import LLM
 
     args.work.mkdir(parents=True, exist_ok=True)
-    out: dict = {"environment": environment(), "shape": args.shape, "runs": {}}
+    out: dict = {"environment": environment(), "shape": args.shape, "inductor": inductor, "runs": {}}
     log(out["environment"])
     hf = write_hf_dir(args.shape, args.work / f"{args.shape}-hf")
     engine = engine_dir(hf, args.work, args.shape, max(64, max(args.batch)), drop_ckpt=False)
