@@ -61,6 +61,11 @@ class ModelInput:
     def query_lens(self) -> np.ndarray:
         return np.diff(self.query_start)
 
+    @property
+    def seq_of_token(self) -> np.ndarray:
+        """[num_tokens] int64: each token's sequence (its index among the step's sequences)."""
+        return np.repeat(np.arange(self.num_seqs), self.query_lens)
+
     @classmethod
     def decode(cls, slots: np.ndarray, token_ids: np.ndarray, lengths: np.ndarray,
                device_tokens: DeviceTokens | None = None) -> ModelInput:

@@ -108,7 +108,7 @@ class StepInputs:
         n, q, t, s, h = batch.num_seqs, batch.num_tokens, self.tokens, self.seqs, staging.numpy()
         h[:q], h[q:t] = batch.token_ids, 0
         h[t:t + q], h[t + q:2 * t] = batch.positions, 0
-        h[2 * t:2 * t + q] = np.repeat(np.arange(n), batch.query_lens)
+        h[2 * t:2 * t + q] = batch.seq_of_token
         h[2 * t + q:3 * t] = s - 1  # the padding sequence: its keys and values go to the scratch block
         taken = batch.device_tokens
         if taken is not None:
@@ -141,7 +141,6 @@ class _Graph:
 
     def __init__(self, backend: StepModel, tokens: int, seqs: int, max_query_len: int, pool) -> None:
         self.inputs = StepInputs(backend.device, tokens, seqs, backend.layout.max_blocks_per_seq)
-        self.max_query_len = max_query_len
         empty = ModelInput.decode(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self.inputs.fill(empty, np.zeros((0, self.inputs.width), np.int64))  # all padding: writes hit scratch
         for _ in range(2):  # compile the kernels (Triton's first launch) and settle cuBLAS's workspaces

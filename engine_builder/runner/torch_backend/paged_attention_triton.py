@@ -46,10 +46,7 @@ from engine_builder.runner.tunables import (
 LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one instruction (MUFU.EX2), exp is two
 
 
-STEP_INTS = ("num_splits", "num_tokens", "num_seqs", "stride_bt")  # see the module doc: never specialized on
-
-
-@triton.jit(do_not_specialize=[n for n in STEP_INTS if n != "num_seqs"])
+@triton.jit(do_not_specialize=["num_splits", "num_tokens", "stride_bt"])  # step-varying ints (module doc)
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
         block_tables_ptr, context_lens_ptr, query_start_ptr,
@@ -160,7 +157,7 @@ def _paged_attention_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit(do_not_specialize=[n for n in STEP_INTS if n != "stride_bt"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "num_tokens"])  # step-varying ints (module doc)
 def _combine_splits_kernel(
         part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits, num_tokens,
         stride_ot, stride_oh,

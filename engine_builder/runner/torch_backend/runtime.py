@@ -212,7 +212,7 @@ class TorchRuntime(Backend):
             taken = batch.device_tokens
             ids.index_copy_(0, put(taken.rows), taken.source.index_select(0, put(taken.index)))
         return self.run_model(ids, put(batch.positions), put(tables), put(batch.context_lens),
-                              put(batch.query_start), put(np.repeat(np.arange(batch.num_seqs), batch.query_lens)),
+                              put(batch.query_start), put(batch.seq_of_token),
                               put(batch.logits_indices), max_query_len=int(batch.query_lens.max()), images=images)
 
     def run_model(self, token_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
@@ -254,7 +254,7 @@ class TorchRuntime(Backend):
 
             cfg = self.model.cfg
             queries |= set(tile_queries(cfg.num_heads // cfg.num_kv_heads, cfg.head_dim, self.max_input_len,
-                                        torch.finfo(self.dtype).bits // 8))
+                                        self.dtype.itemsize))
         for query in sorted(queries):
             for blocks in sorted({-(-query // self.layout.block_size), width}):  # a short and the longest table
                 self._scratch_step(query, blocks)

@@ -279,7 +279,8 @@ def _compile_sm90(**const):
            if n in ("scale", "softcap") else "i32" for n in fn.arg_names}
     # what the JIT marks on a real launch: 16-byte aligned pointers, strides that are multiples of 16 (not the block
     # table's row stride: a step-varying int, never specialized on)
-    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride_") and n not in pat.STEP_INTS]
+    step_ints = {p.name for p in fn.params if p.do_not_specialize}
+    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride_") and n not in step_ints]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     kernel = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})
