@@ -63,6 +63,13 @@ def log(*args) -> None:
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def release_memory() -> None:
+    """Give back what a dropped model held: host objects now, the CUDA caching allocator's blocks to the device."""
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
 def sync() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -286,9 +293,7 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
             save()
     llm.close()
     del llm
-    gc.collect()
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    release_memory()
     return out
 
 
@@ -330,9 +335,7 @@ def hf(hf_dir: Path, args, vocab: int) -> dict:
     with torch.inference_mode():
         out["prefill_1024_ms"] = round(cuda_ms(lambda: model(x), runs=5), 2)
     del model
-    gc.collect()
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    release_memory()
     return out
 
 

@@ -23,7 +23,6 @@ runner-up, so gpu_decode.py's "0 of 32 greedy tokens equal" there is rounding, n
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -56,9 +55,7 @@ def hf_states(hf_dir: Path, ids: list[int], dtype: torch.dtype) -> dict:
     layers = [h[0].float().cpu() for h in out.hidden_states[1:-1]]
     res = {"layers": layers, "logits": out.logits[0, -1].float().cpu(), "greedy": greedy}
     del model, out
-    gc.collect()
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    gpu_decode.release_memory()
     return res
 
 
@@ -96,9 +93,7 @@ def ours(engine: Path, ids: list[int], way: str) -> dict:
     res = {"layers": layers[:n], "logits": logits[0][-1], "first": int(first), "greedy": list(tokens)}
     llm.close()
     del llm, rt, model
-    gc.collect()
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    gpu_decode.release_memory()
     return res
 
 
