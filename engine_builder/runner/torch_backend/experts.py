@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine_builder.formats.model_config import MlpSpec
-from engine_builder.runner.torch_backend.layers import ACTIVATIONS, Activation
+from engine_builder.runner.torch_backend.layers import ACTIVATIONS, Activation, linear
 
 
 @dataclass(frozen=True)
@@ -47,16 +46,16 @@ def moe_mlp(x: torch.Tensor, w: MoeWeights, spec: MlpSpec) -> torch.Tensor:
     else:
         out = _dense(x, w, weights, chosen, act)
     if w.shared_gate_up is not None and w.shared_down is not None:
-        gate, up = F.linear(x, w.shared_gate_up).chunk(2, dim=-1)
-        shared = F.linear(act(gate) * up, w.shared_down)
+        gate, up = linear(x, w.shared_gate_up).chunk(2, dim=-1)
+        shared = linear(act(gate) * up, w.shared_down)
         if w.shared_gate is not None:
-            shared = torch.sigmoid(F.linear(x, w.shared_gate)) * shared
+            shared = torch.sigmoid(linear(x, w.shared_gate)) * shared
         out = out + shared
     return out
 
 
 def _route(x: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = torch.softmax(F.linear(x, router).float(), dim=-1)  # [T, E] float32
+    probs = torch.softmax(linear(x, router).float(), dim=-1)  # [T, E] float32
     top, chosen = torch.topk(probs, top_k, dim=-1)
     if norm_topk:
         top = top / top.sum(dim=-1, keepdim=True)
@@ -77,6 +76,6 @@ def _dense(x: torch.Tensor, w: MoeWeights, weights: torch.Tensor, chosen: torch.
     dense = torch.zeros(x.shape[0], experts, dtype=weights.dtype, device=x.device).scatter_(1, chosen, weights)
     out = torch.zeros_like(x)  # [T, hidden]
     for e in range(experts):
-        gate, up = F.linear(x, w.gate_up[e]).chunk(2, dim=-1)  # [T, I] each
-        out = out + F.linear(act(gate) * up, w.down[e]) * dense[:, e:e + 1]
+        gate, up = linear(x, w.gate_up[e]).chunk(2, dim=-1)  # [T, I] each
+        out = out + linear(act(gate) * up, w.down[e]) * dense[:, e:e + 1]
     return out

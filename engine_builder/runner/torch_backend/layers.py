@@ -4,6 +4,7 @@
                  in float32, then back), LayerNorm with its bias (gpt2, gpt-neox): NormSpec.kind
     activations  silu, gelu (erf), gelu_tanh: MlpSpec.activation
     dense MLPs   gated down(act(gate) * up) from one fused [gate; up] linear, plain down(act(up)): MlpSpec.kind
+    linear       F.linear; on a CPU in float32 through numpy's BLAS
 
 The graph emitter's twins are engine_builder/network/norms.py and mlp.py; they dispatch on the same spec.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +44,19 @@ def norm(x: torch.Tensor, w: NormWeights, spec: NormSpec) -> torch.Tensor:
     return w.weight * h.to(x.dtype)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear (weight [out, in]). A float32 product on a CPU goes through numpy's matmul, which is OpenBLAS in
+    numpy's wheels: torch's CPU wheel multiplies with MKL, which on the AMD EPYC of CI streamed SmolLM2's decode
+    weights at 10-16 GB/s where OpenBLAS streamed 13-29 (a layer's four products 1,060 -> 710 us at one token,
+    its prefill of 40 tokens 1.2x faster; benchmarks/results/cpu-torch-backend-2026-12-05b.txt). The arrays share
+    the tensors' memory. Under torch.compile (which would trace numpy into torch ops anyway) and elsewhere, F.linear.
+    """
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+    return y if bias is None else y + bias
+
+
 ACTIVATIONS: dict[str, Activation] = {
     "silu": F.silu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # gelu_pytorch_tanh, gelu_new
@@ -61,13 +76,13 @@ class DenseMlpWeights:
 
 def gated_mlp(x: torch.Tensor, w: DenseMlpWeights, act: Activation) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x))."""
-    gate, up = F.linear(x, w.up, w.up_bias).chunk(2, dim=-1)  # [T, inter] each
-    return F.linear(act(gate) * up, w.down, w.down_bias)
+    gate, up = linear(x, w.up, w.up_bias).chunk(2, dim=-1)  # [T, inter] each
+    return linear(act(gate) * up, w.down, w.down_bias)
 
 
 def plain_mlp(x: torch.Tensor, w: DenseMlpWeights, act: Activation) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden]: down(act(up(x)))."""
-    return F.linear(act(F.linear(x, w.up, w.up_bias)), w.down, w.down_bias)
+    return linear(act(linear(x, w.up, w.up_bias)), w.down, w.down_bias)
 
 
 DENSE_MLPS: dict[str, Callable[[torch.Tensor, DenseMlpWeights, Activation], torch.Tensor]] = {

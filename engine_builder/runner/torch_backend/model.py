@@ -46,7 +46,7 @@ from engine_builder.runner.torch_backend.checkpoint_tensors import (
 )
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, write_kv
 from engine_builder.runner.torch_backend.experts import MoeWeights, moe_mlp
-from engine_builder.runner.torch_backend.layers import DenseMlpWeights, NormWeights, dense_mlp, norm
+from engine_builder.runner.torch_backend.layers import DenseMlpWeights, NormWeights, dense_mlp, linear, norm
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary, rotary_tables
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util.errors import ConfigError, UnsupportedError
@@ -222,7 +222,7 @@ class TorchDecoder:
     def _logits(self, h: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         """The last hidden states [T, hidden] -> logits [N, vocab] float32 of the tokens at logits_indices."""
         h = norm(h[logits_indices], self.final_norm, self.cfg.block.norm)  # [N, hidden]
-        logits = F.linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
+        logits = linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
         if self.tp:
             logits = self.tp.gather_vocab(logits)
         if self.cfg.final_logit_softcap:
@@ -261,7 +261,7 @@ class TorchDecoder:
         """x [T, hidden] (normalized) -> [T, hidden]: qkv, q/k norms, rotary, write the pool, attend, o. IMAGE_IDS:
         ImageSplice.image_ids, a bidirectional image's prefill (the attention function's mask beyond causality)."""
         cfg, spec = self.cfg, self.cfg.block.attention
-        q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
+        q, k, v = linear(x, w.qkv, w.qkv_bias).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [T, heads, head_dim]
         k = k.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))  # [T, kv_heads, head_dim]
         v = v.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
@@ -278,7 +278,7 @@ class TorchDecoder:
             out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
                                  softcap=spec.logit_softcap, sliding_window=window,
                                  image_ids=image_ids)  # [T, heads, head_dim]
-        return F.linear(out.flatten(-2), w.o, w.o_bias)
+        return linear(out.flatten(-2), w.o, w.o_bias)
 
     # -- loading: every tensor to the device, in the model dtype --
 
@@ -286,11 +286,11 @@ class TorchDecoder:
         return expect(self._tensors, name, self._shapes[name], self.device).to(self.dtype)
 
     def _linear(self, prefix: str, shape: tuple[int, ...] | None = None, stacked: bool = False) -> torch.Tensor:
-        """A linear's weight [out, in] for F.linear; on a CPU laid out column-major (the [in, out] transpose
-        contiguous, seen as [out, in]): F.linear then multiplies by a contiguous [in, out], which streamed a SmolLM2
-        layer stack's weights at one token 1.4x faster than the row-major layout on 2 EPYC cores (decode +23 % end to
-        end: benchmarks/results/cpu-torch-backend-2026-12-05.txt). STACKED: MoE experts' [E * out, in], indexed by
-        expert, stay as stored."""
+        """A linear's weight [out, in] for layers.linear; on a CPU laid out column-major (the [in, out] transpose
+        contiguous, seen as [out, in]): the product then reads a contiguous [in, out], which streamed a SmolLM2
+        layer stack's weights at one token 1.4x faster than the row-major layout on 2 EPYC cores through MKL (decode
+        +23 %: benchmarks/results/cpu-torch-backend-2026-12-05.txt); OpenBLAS (layers.linear) reads it as well.
+        STACKED: MoE experts' [E * out, in], indexed by expert, stay as stored."""
         shape = shape or self._shapes[prefix + ".weight"]
         weight = float_weight(self._tensors, self._quant, prefix, shape, self.device).to(self.dtype)
         if self.device.type == "cpu" and not stacked:

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from tiny_models import COMMON, FAMILY_MODELS, MOE_MODELS, TINY_MODELS, make_tiny_model, spread_routers
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,6 +40,7 @@ from engine_builder.formats.quant_packing import pack_int4, unpack_int4
 from engine_builder.formats.quantization import Quantization
 from engine_builder.runner.torch_backend.checkpoint_tensors import LazySafetensors
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
+from engine_builder.runner.torch_backend.layers import linear
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary
 from engine_builder.util.errors import UnsupportedError
@@ -283,6 +285,25 @@ def test_forward_holds_no_host_sync_outside_attention(family):
     windows = [spec.sliding_window if t == "sliding_attention" else None for t in spec.layer_types]
     assert [c["sliding_window"] for c in calls] == windows * 2
     assert {c["softcap"] for c in calls} == {spec.logit_softcap}
+
+
+@pytest.mark.parametrize("x_shape", [(1, 24), (5, 24), (2, 3, 24)])
+@pytest.mark.parametrize("layout", ["column-major", "row-major"])
+def test_cpu_linear_through_numpy_is_f_linear(x_shape, layout):
+    """layers.linear's float32 CPU product (numpy's BLAS over the tensors' memory) equals F.linear for the weight
+    layouts the decoder holds (column-major: TorchDecoder._linear; row-major: MoE experts), one token or several,
+    a bias or none, a strided input; a float64 input takes F.linear."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 24, generator=gen)
+    if layout == "column-major":
+        weight = weight.t().contiguous().t()
+    bias = torch.randn(40, generator=gen)
+    x = torch.randn(*x_shape[:-1], 2 * x_shape[-1], generator=gen)[..., ::2]  # not contiguous
+    for b in (None, bias):
+        got = linear(x, weight, b)
+        assert got.shape == (*x_shape[:-1], 40) and got.dtype == torch.float32
+        torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    assert torch.equal(linear(x.double(), weight.double()), F.linear(x.double(), weight.double()))
 
 
 def test_interleaved_rotary_is_rotate_half_with_its_channels_paired():
