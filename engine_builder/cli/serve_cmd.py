@@ -63,8 +63,9 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="The model's name in the OpenAI API (`model`, "
                                                         "/v1/models). Default: the engine dir's name.")] = None,
     backend: Annotated[str, typer.Option(help=BACKEND_HELP)] = "auto",
-    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads (default: the physical "
-                                                     "cores).")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads: onnxruntime's intra-op threads "
+                                                     "(default: the physical cores), or the torch backend's BLAS "
+                                                     "threads on a CPU (default: OpenBLAS's).")] = None,
     prefix_cache: Annotated[bool, typer.Option(help="Reuse the KV of earlier prompts' and answers' full 16-token "
                                                     "blocks for requests that start the same way (a shared "
                                                     "system prompt is prefilled once, a chat's next turn "
