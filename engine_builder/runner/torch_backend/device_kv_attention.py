@@ -9,7 +9,8 @@ the last positions of the context_lens[i] that sequence holds once they are writ
     write_kv              the step's keys/values into their pool slots (block * block_size + offset)
     paged_attention_ref   every query attends to its own sequence's positions up to its own (causal),
                           and within sliding_window of it when given (transformers' rule: q - k < window);
-                          gather + torch SDPA per sequence: correct for any shape, on any device, and slow.
+                          gather, then per sequence torch SDPA (a lone query: two products and a softmax):
+                          correct for any shape, on any device, and slow.
                           It is the oracle of the Triton kernel (paged_attention_triton.py) and the CPU path.
                           With image_ids (Gemma 3's prefill of an image) the tokens of one image also see each
                           other ahead of themselves; the runtime sends such a step here, not to the kernel.
