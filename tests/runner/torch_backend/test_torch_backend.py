@@ -8,6 +8,8 @@ drives real components: engine dirs built by our own build, HF models as the ref
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -174,3 +176,21 @@ def test_gpu_memory_utilization_is_the_torch_backends_and_checked(llama):
         assert tokens(llm.generate(prompt_token_ids=PROMPTS[:1], params=GREEDY))[0]
     finally:
         llm.close()
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's threads: on a GPU the products are cuBLAS's")
+def test_on_a_cpu_the_stepping_thread_runs_torch_on_one_thread_and_openblas_on_threads(llama):
+    """In a fresh process whose main thread ran a parallel torch op before LLM (its OpenMP count then stays its
+    own), generate on threads=2 leaves that thread's torch count at 1 and OpenBLAS's at 2: torch's spinning workers
+    kept OpenBLAS's threads off the cores (5x slower decode on 2 cores when the main thread kept 2)."""
+    script = (
+        "import sys, threadpoolctl, torch\n"
+        "from engine_builder import LLM, SamplingParams\n"
+        "torch.set_num_threads(2); torch.randn(512, 512) @ torch.randn(512, 512)\n"
+        "llm = LLM(sys.argv[1], backend='torch', threads=2)\n"
+        "llm.generate(prompt_token_ids=[[1, 5, 9]], params=SamplingParams(max_new_tokens=3, ignore_eos=True))\n"
+        "blas = [p['num_threads'] for p in threadpoolctl.threadpool_info() if p['internal_api'] == 'openblas']\n"
+        "print(torch.get_num_threads(), blas)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(llama[0])], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "1 [2]", done.stdout
