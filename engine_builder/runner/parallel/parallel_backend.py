@@ -32,7 +32,8 @@ SEGMENTS, TORCH = 0, 1  # OPEN's runner: onnxruntime segments (rank_runner.py), 
 
 
 def default_threads(comm: Collectives) -> int:
-    """onnxruntime threads per rank: this host's physical cores shared by its ranks."""
+    """CPU threads per rank (onnxruntime's, or a torch rank's OpenBLAS's): this host's physical cores shared by its
+    ranks."""
     from engine_builder.util.cpu_cores import physical_cores
 
     return max(1, physical_cores() // comm.env.local_world_size)

@@ -53,7 +53,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
-    y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+    # a strided input would take numpy's loop, not BLAS; the weight is BLAS's either way ([in, out] C or F order)
+    y = torch.from_numpy(np.matmul(x.contiguous().numpy(), weight.numpy().T))
     return y if bias is None else y + bias
 
 

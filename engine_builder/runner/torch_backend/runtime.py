@@ -78,12 +78,13 @@ class TorchRuntime(Backend):
         self.device = device or torch_device()
         if self.device.type == "cpu":  # weights and pool in this machine's RAM, as the twin's
             engine.check_host_memory()
-        if self.device.type == "cpu" and threads:  # the products' threads (layers.linear); torch's: forward()
+        if self.device.type == "cpu" and threads:  # the products' threads (layers.linear); torch's: _step()
             threadpoolctl.threadpool_limits(threads, user_api="blas")
         # bf16/fp16 on a GPU as built; float32 on a CPU (no fast half arithmetic there, as the twin)
         self.dtype = getattr(torch, engine.dtype) if self.device.type == "cuda" else torch.float32
         lim = engine.limits
-        # CUDA: the Triton kernel reads the block tables; elsewhere gather + SDPA (device_kv_attention.py), its oracle
+        # CUDA: the Triton kernel reads the block tables; elsewhere the reference that gathers them
+        # (device_kv_attention.py), its oracle
         attention = paged_attention_ref
         self._triton = None
         if self.device.type == "cuda":  # Triton ships with torch's CUDA builds, not with the CPU one
@@ -177,13 +178,6 @@ class TorchRuntime(Backend):
 
     def forward(self, batch: ModelInput) -> torch.Tensor:
         started = time.perf_counter()
-        if self.device.type == "cpu" and torch.get_num_threads() != 1:
-            # the products go through numpy's OpenBLAS (layers.linear) on its own threads; torch's OpenMP threads,
-            # spinning after each op they split, kept those off the cores (SmolLM2 on 2 EPYC cores: decode 22.7
-            # tok/s with torch on 1 thread and OpenBLAS on 2, 18.4 the other way round, 2.9 with both on 2). Set
-            # here, in the thread that steps: a thread that has run a torch op keeps its count (the process's
-            # default, for the rest of the process: what torch runs here is small ops, one thread enough)
-            torch.set_num_threads(1)
         if batch.images is not None and not self.takes_images:  # before any rank is told to step
             self.bind_images(batch.images.token_index, batch.images.embeds)  # Backend's one-line refusal
         self.kv.prepare_writes(batch.slots, batch.query_lens)
@@ -193,6 +187,14 @@ class TorchRuntime(Backend):
 
     def _step(self, batch: ModelInput) -> torch.Tensor:
         """The model over BATCH, its blocks in place (prepare_writes done): a captured step's replay, or eager."""
+        if self.device.type == "cpu" and torch.get_num_threads() != 1:
+            # the products go through numpy's OpenBLAS (layers.linear) on its own threads; torch's OpenMP threads,
+            # spinning after each op they split, kept those off the cores (SmolLM2 on 2 EPYC cores: decode 22.7
+            # tok/s with torch on 1 thread and OpenBLAS on 2, 18.4 the other way round, 2.9 with both on 2). Set
+            # here, in the thread that steps (a tp follower's too): a thread that has run a torch op keeps its own
+            # count. It is also the process's default from then on, MKL's included: the process's other torch
+            # work runs on one thread too (what torch runs here is small ops, one enough)
+            torch.set_num_threads(1)
         key = self._graphs.bucket(batch) if self._graphs is not None and batch.images is None else None
         if key is not None:
             return self._graphs.run(batch, key)
