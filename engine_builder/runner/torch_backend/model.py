@@ -141,9 +141,6 @@ class TorchDecoder:
         self.layers = tuple(self._layer(i) for i in range(cfg.num_layers))
         self.final_norm = self._norm("final_norm")
         if cfg.tie_word_embeddings and "lm_head" not in quantization.quantized:
-            if self.device.type == "cpu":  # column-major as _linear lays out the others: SmolLM2's tied head took
-                # 4.7 ms a step instead of 9.4 on 2 cores; a 1,000-token prompt's embedding gather 3.3 ms, not 0.08
-                self.embed = self.embed.t().contiguous().t()
             self.lm_head = self.embed
         else:  # a quantized lm_head has its own tensors, tied or not (FORMAT.md)
             self.lm_head = self._linear("lm_head", (cfg.vocab_size, cfg.hidden_size))
@@ -285,17 +282,12 @@ class TorchDecoder:
     def _float(self, name: str) -> torch.Tensor:
         return expect(self._tensors, name, self._shapes[name], self.device).to(self.dtype)
 
-    def _linear(self, prefix: str, shape: tuple[int, ...] | None = None, stacked: bool = False) -> torch.Tensor:
-        """A linear's weight [out, in] for layers.linear; on a CPU laid out column-major (the [in, out] transpose
-        contiguous, seen as [out, in]): the product then reads a contiguous [in, out], which streamed a SmolLM2
-        layer stack's weights at one token 1.4x faster than the row-major layout on 2 EPYC cores through MKL (decode
-        +23 %: benchmarks/results/cpu-torch-backend-2026-12-05.txt); OpenBLAS (layers.linear) reads it as well.
-        STACKED: MoE experts' [E * out, in], indexed by expert, stay as stored."""
+    def _linear(self, prefix: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """A linear's weight [out, in] (MoE experts' [E * out, in]) for layers.linear, as stored, also on a CPU: a
+        column-major copy streamed 1.4x faster through MKL, but through OpenBLAS decode was the same either way
+        (benchmarks/results/cpu-torch-backend-2026-12-05b.txt)."""
         shape = shape or self._shapes[prefix + ".weight"]
-        weight = float_weight(self._tensors, self._quant, prefix, shape, self.device).to(self.dtype)
-        if self.device.type == "cpu" and not stacked:
-            weight = weight.t().contiguous().t()
-        return weight
+        return float_weight(self._tensors, self._quant, prefix, shape, self.device).to(self.dtype)
 
     def _optional(self, name: str) -> torch.Tensor | None:
         return self._float(name) if name in self._shapes else None
@@ -329,8 +321,8 @@ class TorchDecoder:
         has_shared = shared + "gate_up.weight" in self._shapes
         return MoeWeights(
             router=self._float(p + "router.weight"),
-            gate_up=self._linear(p + "experts.gate_up", stacked=True).unflatten(0, (experts, -1)),
-            down=self._linear(p + "experts.down", stacked=True).unflatten(0, (experts, -1)),
+            gate_up=self._linear(p + "experts.gate_up").unflatten(0, (experts, -1)),
+            down=self._linear(p + "experts.down").unflatten(0, (experts, -1)),
             shared_gate_up=self._linear(shared + "gate_up") if has_shared else None,
             shared_down=self._linear(shared + "down") if has_shared else None,
             shared_gate=self._optional(p + "shared_gate.weight"))

@@ -290,9 +290,9 @@ def test_forward_holds_no_host_sync_outside_attention(family):
 @pytest.mark.parametrize("x_shape", [(1, 24), (5, 24), (2, 3, 24)])
 @pytest.mark.parametrize("layout", ["column-major", "row-major"])
 def test_cpu_linear_through_numpy_is_f_linear(x_shape, layout):
-    """layers.linear's float32 CPU product (numpy's BLAS over the tensors' memory) equals F.linear for the weight
-    layouts the decoder holds (column-major: TorchDecoder._linear; row-major: MoE experts), one token or several,
-    a bias or none, a strided input; a float64 input takes F.linear."""
+    """layers.linear's float32 CPU product (numpy's BLAS over the tensors' memory) equals F.linear for a weight as
+    stored (row-major, TorchDecoder._linear's) or a column-major one, one token or several, a bias or none, a
+    strided input; a float64 input takes F.linear."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(40, 24, generator=gen)
     if layout == "column-major":
