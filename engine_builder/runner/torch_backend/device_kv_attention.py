@@ -100,4 +100,3 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
         scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
     o = torch.bmm(torch.softmax(scores, dim=-1), v.float().transpose(0, 1))  # [kv_heads, group * n, head_dim]
     return o.reshape(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim)
-

@@ -47,10 +47,10 @@ def norm(x: torch.Tensor, w: NormWeights, spec: NormSpec) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear (weight [out, in]). A float32 product on a CPU goes through numpy's matmul, which is OpenBLAS in
     numpy's wheels: torch's CPU wheel multiplies with MKL, which on the AMD EPYC of CI streamed SmolLM2's decode
-    weights at 10-16 GB/s where OpenBLAS streamed 13-29 (a layer's four products 1,060 -> 710 us at one token,
-    its prefill of 40 tokens 1.2x faster; benchmarks/results/cpu-torch-backend-2026-12-05b.txt). The arrays share
-    the tensors' memory. Under torch.compile (which would trace numpy into torch ops anyway) and elsewhere, F.linear.
-    """
+    weights at 10-16 GB/s where OpenBLAS streamed 13-29 (micro-benchmarks of the [in, out] layout; end to end,
+    with the reference attention's change, decode 14.9 -> 21.9 tok/s, the weights column-major then and the same
+    as stored: benchmarks/results/cpu-torch-backend-2026-12-05b.txt). The arrays share the tensors' memory. Under
+    torch.compile (which would trace numpy into torch ops anyway) and elsewhere, F.linear."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
     # a strided input would take numpy's loop, not BLAS; the weight is BLAS's either way ([in, out] C or F order)
