@@ -7,8 +7,9 @@ tensors, the way TensorRT-LLM's own runtime went:
     runtime.py                the Backend at work: ModelInput -> device logits, KV pools on the device
     model.py                  the decoder from the ModelConfig block spec (layers, rope_tables, experts,
                               checkpoint_tensors: reading and dequantizing the canonical tensors)
-    device_kv_attention.py    the paged pool's write and the reference attention (gather + attend, the oracle)
+    device_kv_attention.py    the paged pool's write (after rotary) and the reference attention: the oracles
     paged_attention_triton.py the Triton kernel that reads the block table on the GPU
+    rotary_kv_write_triton.py the Triton kernel that rotates q and k and writes the pool, one launch a layer
     cuda_graphs.py            decode steps captured per batch-size bucket, short prefills per length
     device_sampler.py         sampling where the logits are
     device.py                 which device, and the KV pool's share of its memory

@@ -5,8 +5,9 @@ activations one op at a time: SmolLM2-135M ran 2.7 ms a step at batch 1 on the H
 bandwidth-bound). torch.compile fuses them. What is compiled is one decoder layer and the logits head, not the
 whole forward: every layer runs the same code over its own weights (inputs of the compiled graph, not
 constants), so one compile serves all of them; compiling the whole forward traced all 30 of SmolLM2's layers and
-took over 100 s on the H200 (2026-12-02). The paged KV write and the attention kernel go in as one custom op
-(`trtbuild::kv_attention`) inductor does not trace into: the pools are mutated in place (declared, so nothing
+took over 100 s on the H200 (2026-12-02). The rotary of q and k, the paged KV write and the attention kernel go
+in as one custom op (`trtbuild::kv_attention`; on CUDA two Triton launches, rotary_kv_write_triton.py and
+paged_attention_triton.py) inductor does not trace into: the pools are mutated in place (declared, so nothing
 copies them) and the Triton kernel's launch stays ours, sized by the step's max_query_len at each call (the op
 runs as Python, also under a CUDA graph's capture). The token dimension is dynamic, so one compile serves every
 CUDA-graph bucket and every prefill length (one token is specialized once more).
@@ -25,26 +26,28 @@ from collections.abc import Callable
 
 import torch
 
-from engine_builder.runner.torch_backend.device_kv_attention import write_kv
-
-# the attention the op runs, by device type: the Triton kernel on CUDA, set by the runtime; the reference on a CPU
+# what the op runs, by device type, set from the model: the Triton kernels on CUDA (runtime.py), the references on a CPU
 _ATTENTION: dict[str, Callable[..., torch.Tensor]] = {}
+_KV_WRITE: dict[str, Callable[..., torch.Tensor]] = {}
 
 
 @torch.library.custom_op("trtbuild::kv_attention", mutates_args=("k_pool", "v_pool"))
-def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
+                 sin: torch.Tensor | None, interleaved: bool, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slots: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                  query_start: torch.Tensor, scale: float, softcap: float | None,
                  sliding_window: int | None) -> torch.Tensor:
-    """write_kv, then each sequence's queries attending to its pool blocks: [T, heads, head_dim]."""
-    write_kv(k_pool, v_pool, slots, k, v)
+    """The model's kv_write (rotary of q and k, the pool write), then each sequence's queries attending to its pool
+    blocks: [T, heads, head_dim]."""
+    q = _KV_WRITE[q.device.type](q, k, v, cos, sin, k_pool, v_pool, slots, interleaved=interleaved)
     return _ATTENTION[q.device.type](q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
                                      softcap=softcap, sliding_window=sliding_window)  # a new tensor: no alias
 
 
 @kv_attention.register_fake
-def _(q, k, v, k_pool, v_pool, slots, block_tables, context_lens, query_start, scale, softcap, sliding_window):
-    return torch.empty_like(q)
+def _(q, k, v, cos, sin, interleaved, k_pool, v_pool, slots, block_tables, context_lens, query_start, scale, softcap,
+      sliding_window):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 class CompiledForward:
@@ -53,6 +56,7 @@ class CompiledForward:
 
     def __init__(self, model, attention: Callable[..., torch.Tensor]) -> None:
         _ATTENTION[model.device.type] = attention
+        _KV_WRITE[model.device.type] = model.kv_write
         # a shallow copy (the same weight tensors) whose layer and head are compiled: the model itself stays eager
         # for the steps that take no compiled path (an image prefill)
         self.model = copy.copy(model)

@@ -7,6 +7,9 @@ its pool blocks in order (the PagedKVCacheManager's table, runner/kv/paged_kv_ca
 the last positions of the context_lens[i] that sequence holds once they are written.
 
     write_kv              the step's keys/values into their pool slots (block * block_size + offset)
+    rotary_write_ref      a layer's rotary of q and k, then write_kv: what the model does between its qkv
+                          projection and attention, and the oracle of the Triton kernel that does it in one
+                          launch (rotary_kv_write_triton.py)
     paged_attention_ref   every query attends to its own sequence's positions up to its own (causal),
                           and within sliding_window of it when given (transformers' rule: q - k < window);
                           gather, then per sequence torch SDPA (a lone query, or soft-capped scores: two
@@ -24,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine_builder.runner.torch_backend.rope_tables import apply_rotary
+
 
 def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, seq_of_token: torch.Tensor,
                  block_size: int) -> torch.Tensor:
@@ -38,6 +43,17 @@ def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k:
     kv_heads, head_dim = k_pool.shape[2], k_pool.shape[3]
     k_pool.view(-1, kv_heads, head_dim).index_copy_(0, slots, k.to(k_pool.dtype))
     v_pool.view(-1, kv_heads, head_dim).index_copy_(0, slots, v.to(v_pool.dtype))
+
+
+def rotary_write_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
+                     sin: torch.Tensor | None, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, *,
+                     interleaved: bool) -> torch.Tensor:
+    """q [T, heads, head_dim], k, v [T, kv_heads, head_dim]; cos, sin [T, 1, rot_dim] (RotaryTable.cos_sin; None: no
+    rotary) -> q rotated; k rotated and v written into the pools at slots."""
+    if cos is not None and sin is not None:
+        q, k = apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
+    write_kv(k_pool, v_pool, slots, k, v)
+    return q
 
 
 def paged_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,

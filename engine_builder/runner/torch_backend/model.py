@@ -8,11 +8,12 @@
 It dispatches on the block spec exactly as the graph emitter (engine_builder/network/decoder.py, attention.py)
 does, never on the architecture name, and computes each op in transformers' order and precision (layers.py,
 rope_tables.py, experts.py), so float32 logits equal transformers' to float rounding. A step is the flat batch
-of runner/core/model_input.py: every sequence's new tokens back to back; each layer writes its new keys and
-values into the pool (write_kv) and then attends through `attention`, a function with paged_attention_ref's
-signature (the Triton kernel replaces it on the GPU). Everything per model (weights, rotary tables) is made at
-construction, and the forward holds no host synchronization outside the attention function (no .item(), no
-branch on a tensor's value; only on shapes), so the GPU path can capture it in a CUDA graph.
+of runner/core/model_input.py: every sequence's new tokens back to back; each layer rotates its queries and keys
+and writes its new keys and values into the pool through `kv_write` (rotary_write_ref's signature), then attends
+through `attention` (paged_attention_ref's); on the GPU Triton kernels replace both. Everything per model
+(weights, rotary tables) is made at construction, and the forward holds no host synchronization outside the
+attention function (no .item(), no branch on a tensor's value; only on shapes), so the GPU path can capture it
+in a CUDA graph.
 
 Tensor parallel (tp > 1, tensor_parallel.py): rank r's decoder is the model of mapping.local_model(cfg) (its
 heads, KV heads, MLP and expert slices, vocab rows) over rank{r}.safetensors; the embedding, every o_proj and
@@ -44,10 +45,10 @@ from engine_builder.runner.torch_backend.checkpoint_tensors import (
     float_weight,
     read_model_dir,
 )
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, write_kv
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, rotary_write_ref
 from engine_builder.runner.torch_backend.experts import MoeWeights, moe_mlp
 from engine_builder.runner.torch_backend.layers import DenseMlpWeights, NormWeights, dense_mlp, linear, norm
-from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary, rotary_tables
+from engine_builder.runner.torch_backend.rope_tables import RotaryTable, rotary_tables
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util.errors import ConfigError, UnsupportedError
 
@@ -59,6 +60,14 @@ class AttentionFn(Protocol):
                  context_lens: torch.Tensor, query_start: torch.Tensor, *, scale: float,
                  softcap: float | None = None, sliding_window: int | None = None,
                  image_ids: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+class KVWriteFn(Protocol):
+    """rotary_write_ref's signature: rotate q and k, write k and v into the pools; returns the rotated q."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
+                 sin: torch.Tensor | None, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, *,
+                 interleaved: bool) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,8 @@ class TorchDecoder:
 
     def __init__(self, cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], *, device: torch.device | str,
                  dtype: torch.dtype, quantization: Quantization = Quantization(), max_positions: int | None = None,
-                 attention: AttentionFn = paged_attention_ref, tp: TensorParallel | None = None):
+                 attention: AttentionFn = paged_attention_ref, kv_write: KVWriteFn = rotary_write_ref,
+                 tp: TensorParallel | None = None):
         """TENSORS: canonical name -> tensor as stored (a quantized checkpoint's linears dequantized here, per
         QUANTIZATION). MAX_POSITIONS: the rotary tables' bound (positions 0..max_positions - 1; default
         max_position_embeddings; an engine's max_seq_len may be larger). TP: this rank's tp group, CFG and
@@ -121,6 +131,7 @@ class TorchDecoder:
         cfg.validate()
         check_quantization(quantization)
         self.cfg, self.device, self.dtype, self.attention = cfg, torch.device(device), dtype, attention
+        self.kv_write = kv_write
         self.tp = tp if tp is not None and tp.size > 1 else None
         # set by compiled_forward.py: the pool write and attention as one op torch.compile does not look into, and
         # the layer and the head through torch.compile (one compiled layer serves every layer)
@@ -152,7 +163,8 @@ class TorchDecoder:
 
     @classmethod
     def from_dir(cls, path: Path, *, device: torch.device | str, dtype: torch.dtype, max_positions: int | None = None,
-                 attention: AttentionFn = paged_attention_ref, tp: TensorParallel | None = None) -> TorchDecoder:
+                 attention: AttentionFn = paged_attention_ref, kv_write: KVWriteFn = rotary_write_ref,
+                 tp: TensorParallel | None = None) -> TorchDecoder:
         """A checkpoint dir or an engine dir (rank0.safetensors beside config.json); an engine dir's rotary
         tables cover its max_seq_len unless MAX_POSITIONS says otherwise. TP: a tp dir's rank, which reads its own
         shard (rank{tp.rank}.safetensors)."""
@@ -161,7 +173,7 @@ class TorchDecoder:
         if found.model.position_embedding == "learned":
             bound = min(bound, found.model.max_position_embeddings)
         return cls(found.model, found.tensors, device=device, dtype=dtype, quantization=found.quantization,
-                   max_positions=bound, attention=attention, tp=tp)
+                   max_positions=bound, attention=attention, kv_write=kv_write, tp=tp)
 
     @property
     def reprefill_after(self) -> int | None:
@@ -264,14 +276,14 @@ class TorchDecoder:
         v = v.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
         if w.q_norm is not None and w.k_norm is not None:  # qwen3, gemma3: per-head norm before rotary
             q, k = norm(q, w.q_norm, cfg.block.norm), norm(k, w.k_norm, cfg.block.norm)
-        if table is not None and cos_sin is not None:
-            q, k = apply_rotary(q, *cos_sin, table), apply_rotary(k, *cos_sin, table)
+        cos, sin = cos_sin if table is not None and cos_sin is not None else (None, None)
+        interleaved = table is not None and table.interleaved
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
-        if self.kv_attention is not None and image_ids is None:  # write + attend as one op (compiled_forward.py)
-            out = self.kv_attention(q, k, v, k_pool, v_pool, kv.slots, kv.block_tables, kv.context_lens,
-                                    kv.query_start, scale, spec.logit_softcap, window)
+        if self.kv_attention is not None and image_ids is None:  # rotary + write + attend: one op (compiled_forward)
+            out = self.kv_attention(q, k, v, cos, sin, interleaved, k_pool, v_pool, kv.slots, kv.block_tables,
+                                    kv.context_lens, kv.query_start, scale, spec.logit_softcap, window)
         else:
-            write_kv(k_pool, v_pool, kv.slots, k, v)
+            q = self.kv_write(q, k, v, cos, sin, k_pool, v_pool, kv.slots, interleaved=interleaved)
             out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
                                  softcap=spec.logit_softcap, sliding_window=window,
                                  image_ids=image_ids)  # [T, heads, head_dim]

@@ -104,11 +104,12 @@ def _channels(freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat((freqs, freqs), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, table: RotaryTable) -> torch.Tensor:
-    """x [T, heads, head_dim] -> same, its first table.dim channels rotated (transformers' apply_rotary_pos_emb)."""
-    dim = table.dim
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x [T, heads, head_dim] -> same, its first cos.shape[-1] channels rotated (transformers' apply_rotary_pos_emb;
+    cos, sin as RotaryTable.cos_sin gives them); INTERLEAVED: the table's GPT-J pairs."""
+    dim = cos.shape[-1]
     x_rot, x_pass = x[..., :dim], x[..., dim:]
-    if table.interleaved:  # GPT-J: (x0, x1) -> (-x1, x0) per channel pair
+    if interleaved:  # GPT-J: (x0, x1) -> (-x1, x0) per channel pair
         pairs = x_rot.unflatten(-1, (dim // 2, 2))
         rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     else:  # rotate_half: cat(-x2, x1)

@@ -37,7 +37,11 @@ from engine_builder.runner.kv.block_pool import SCRATCH_BLOCK
 from engine_builder.runner.kv.paged_kv_cache import PagedKVCacheManager
 from engine_builder.runner.sampler import Sampler
 from engine_builder.runner.torch_backend.device import check_utilization, device_memory_budget, torch_device
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
+from engine_builder.runner.torch_backend.device_kv_attention import (
+    paged_attention_ref,
+    rotary_write_ref,
+    slot_mapping,
+)
 from engine_builder.runner.torch_backend.model import ImageSplice, PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.runner.tunables import TORCH_KV_BLOCK_SIZE
@@ -85,15 +89,17 @@ class TorchRuntime(Backend):
         lim = engine.limits
         # CUDA: the Triton kernel reads the block tables; elsewhere the reference that gathers them
         # (device_kv_attention.py), its oracle
-        attention = paged_attention_ref
+        attention, kv_write = paged_attention_ref, rotary_write_ref
         self._triton = None
         if self.device.type == "cuda":  # Triton ships with torch's CUDA builds, not with the CPU one
             from engine_builder.runner.torch_backend.paged_attention_triton import paged_attention_triton
+            from engine_builder.runner.torch_backend.rotary_kv_write_triton import rotary_write_triton
 
             self._triton = paged_attention_triton
-            attention = self._kernel
+            attention, kv_write = self._kernel, rotary_write_triton
         self.model = TorchDecoder.from_dir(engine.path, device=self.device, dtype=self.dtype,
-                                           max_positions=lim.max_seq_len, attention=attention, tp=tp)
+                                           max_positions=lim.max_seq_len, attention=attention, kv_write=kv_write,
+                                           tp=tp)
         block = engine.manifest.build.kv_block_size or TORCH_KV_BLOCK_SIZE
         # self.model.cfg: under tp this rank's heads, so its pools hold its KV heads only
         self.layout = PagedKVLayout.of(self.model.cfg, lim.max_seq_len, str(self.dtype).removeprefix("torch."),

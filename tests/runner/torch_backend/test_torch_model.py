@@ -314,8 +314,8 @@ def test_interleaved_rotary_is_rotate_half_with_its_channels_paired():
     pairs = RotaryTable(dim, True, *_cos_sin(dim, interleaved=True))
     x = torch.randn(5, 3, dim + 4, generator=torch.Generator().manual_seed(0))  # partial: 4 channels pass
     to_pairs = torch.cat((torch.arange(dim).view(2, -1).T.reshape(-1), torch.arange(dim, dim + 4)))
-    want = apply_rotary(x, *halves.cos_sin(positions, None), halves)[..., to_pairs]
-    got = apply_rotary(x[..., to_pairs], *pairs.cos_sin(positions, None), pairs)
+    want = apply_rotary(x, *halves.cos_sin(positions, None), halves.interleaved)[..., to_pairs]
+    got = apply_rotary(x[..., to_pairs], *pairs.cos_sin(positions, None), pairs.interleaved)
     assert torch.allclose(got, want, atol=1e-6)
 
 
