@@ -14,7 +14,9 @@ softmax in log2 units (flash-attention 2).
 
 Split-K (flash-decoding): when (sequences x kv heads x query tiles) would leave the GPU's multiprocessors idle
 (batch 1 with a long context), each program takes 1/num_splits of its tile's key range and writes a float32
-partial (its normalized output and log-sum-exp); _combine_splits_kernel then weighs them into the output.
+partial (its normalized output and log-sum-exp) and counts itself done on its tile's counter; the last split to
+finish weighs the partials into the output. A second kernel did that before (one more launch a layer whenever a
+step splits, as every batch-1 decode step's graph does: 30 of SmolLM2's 480 launches a step).
 
 CUDA-graph capturable: the grid comes from host ints only (num_seqs = block_tables.shape[0], max_query_len,
 num_splits from the block table's width), nothing reads a device tensor on the host. A sequence with no queries
@@ -41,6 +43,7 @@ from engine_builder.runner.tunables import (
     KERNEL_MAX_SPLITS,
     KERNEL_MIN_TILES_PER_SPLIT,
     KERNEL_PROGRAMS_PER_SM,
+    KERNEL_SPLIT_COUNTERS,
 )
 
 LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one instruction (MUFU.EX2), exp is two
@@ -48,7 +51,7 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores in log2 units: exp2 is one in
 
 @triton.jit(do_not_specialize=["num_splits", "num_tokens", "stride_bt"])  # step-varying ints (module doc)
 def _paged_attention_kernel(
-        q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+        q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
         block_tables_ptr, context_lens_ptr, query_start_ptr,
         scale, softcap, sliding_window, num_splits, num_tokens,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -152,37 +155,33 @@ def _paged_attention_kernel(
         part = (split * num_tokens + tok).to(tl.int64) * (KV_HEADS * GROUP) + head
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=o_mask)
         tl.store(part_lse_ptr + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)), mask=row_ok)
+        # the tile's last split to finish weighs every split's partial into out: the combine without a launch of its
+        # own. Every thread's stores are done (the barrier) before one thread counts with release semantics; the
+        # last count acquires them all, and its loads skip L1 (.cg), which the other programs' stores never reached
+        tl.debug_barrier()
+        counter = counters_ptr + seq_head * tl.num_programs(1) + q_tile
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            m_all = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a split that saw nothing (-inf) weighs 0
+            l_all = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+            for other in range(0, num_splits):
+                part = (other * num_tokens + tok).to(tl.int64) * (KV_HEADS * GROUP) + head
+                lse = tl.load(part_lse_ptr + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=o_mask, other=0.0,
+                            cache_modifier=".cg")
+                m_new = tl.maximum(m_all, lse)
+                alpha = tl.exp2(m_all - m_new)
+                w = tl.exp2(lse - m_new)
+                acc = acc * alpha[:, None] + o * w[:, None]
+                l_all = l_all * alpha + w
+                m_all = m_new
+            o = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
+            tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=o_mask)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch (a CUDA graph replays this one)
     else:
         tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=o_mask)
-
-
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "num_tokens"])  # step-varying ints (module doc)
-def _combine_splits_kernel(
-        part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits, num_tokens,
-        stride_ot, stride_oh,
-        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
-    # rows no sequence owns (a CUDA-graph bucket's tail) have no partials: leave out as it is there
-    if (tok < tl.load(query_start_ptr)) | (tok >= tl.load(query_start_ptr + num_seqs)):
-        return
-    offs_s = tl.arange(0, SPLITS_PAD)
-    s_ok = offs_s < num_splits
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    if HEAD_DIM_PAD == HEAD_DIM:
-        d_ok = tl.full([HEAD_DIM_PAD], 1, tl.int1)
-    else:
-        d_ok = offs_d < HEAD_DIM
-    part = (offs_s * num_tokens + tok).to(tl.int64) * HEADS + head  # [SPLITS_PAD]
-    lse = tl.load(part_lse_ptr + part, mask=s_ok, other=float("-inf"))  # [SPLITS_PAD] log2 units
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [SPLITS_PAD]: 0 for splits that saw nothing
-    o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
-                other=0.0)  # [SPLITS_PAD, HEAD_DIM_PAD]
-    o = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(out_ptr + tok * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @dataclass(frozen=True)
@@ -300,12 +299,13 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if split:
         part_out = torch.empty((num_splits, tokens, heads, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, tokens, heads), dtype=torch.float32, device=q.device)
+        counters = _split_counters(q.device, num_seqs * kv_heads * q_tiles)
     else:
-        part_out = part_lse = out  # unused: SPLIT is a constexpr, the stores are not compiled in
+        part_out = part_lse = counters = out  # unused: SPLIT is a constexpr, the stores are not compiled in
     dot_precision = "ieee" if k_pool.dtype == torch.float32 else "tf32"  # float32 pools: exact, not tf32
 
     _paged_attention_kernel[(num_seqs * kv_heads, q_tiles, num_splits)](
-        q, k_pool, v_pool, out, part_out, part_lse, block_tables, context_lens, query_start,
+        q, k_pool, v_pool, out, part_out, part_lse, counters, block_tables, context_lens, query_start,
         float(scale), float(softcap or 0.0), int(sliding_window or 0), num_splits, tokens,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -313,13 +313,21 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         BLOCK_M=tile.block_m, BLOCK_Q=tile.block_q, BLOCK_N=tile.block_n, SPLIT=split, SOFTCAP=bool(softcap),
         WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision, num_warps=tile.num_warps,
         num_stages=tile.num_stages)
-    if split:
-        splits_pad = max(2, triton.next_power_of_2(num_splits))
-        _combine_splits_kernel[(tokens, heads)](
-            part_out, part_lse, out, query_start, num_seqs, num_splits, tokens, out.stride(0), out.stride(1),
-            HEADS=heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=tile.head_dim_pad,
-            SPLITS_PAD=splits_pad, num_warps=max(1, min(4, splits_pad * tile.head_dim_pad // 1024)))
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (sequence, kv head, query tile) of a split launch, kept across calls: each
+    launch leaves them at zero (a tile's last split resets its own), and a buffer made per call would be one more
+    kernel a step (its memset). Grown when a launch needs more; grown during a CUDA graph's capture, the new buffer
+    comes from the graph's pool and its memset replays with the graph, which stays correct."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < needed:
+        have = _COUNTERS[device] = torch.zeros(max(needed, KERNEL_SPLIT_COUNTERS), dtype=torch.int32, device=device)
+    return have
 
 
 def kv_bytes_read(context_lens: list[int], kv_heads: int, head_dim: int, element_size: int) -> int:

@@ -105,24 +105,26 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
     out = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
     kwargs = dict(scale=head_dim**-0.5, softcap=spec.get("softcap"), sliding_window=spec.get("window"))
 
-    combines = []
-    original = pat._combine_splits_kernel
+    plans = []
+    original = pat.launch_plan
 
-    class Counting:  # records whether the split-K combine ran
-        def __getitem__(self, grid):
-            combines.append(grid)
-            return original[grid]
+    def recording(*args, **kwargs):  # the launch's plan: more than one split is the split-K path
+        plans.append(original(*args, **kwargs))
+        return plans[-1]
 
-    pat._combine_splits_kernel = Counting()
+    pat.launch_plan = recording
     try:
         pat.paged_attention_triton(q, k_pool, v_pool, tables, context_lens, query_start, max_query_len=max(q_lens),
                                    out=out, num_splits=spec.get("splits"), **kwargs)
     finally:
-        pat._combine_splits_kernel = original
+        pat.launch_plan = original
+    counters = pat._COUNTERS.get(q.device)
     ref = paged_attention_ref(q, k_pool, v_pool, tables, context_lens, query_start, **kwargs)
     got, want = out[:owned].double().cpu(), ref[:owned].double().cpu()
     return {"rel_err": float((got - want).norm() / want.norm()), "unwritten": int(got.isnan().sum()),
-            "tail_untouched": bool(out[owned:].isnan().all().cpu()), "split": bool(combines)}
+            "tail_untouched": bool(out[owned:].isnan().all().cpu()), "split": plans[0].num_splits > 1,
+            # the last split of each tile resets its counter: the next launch (a graph's replay) starts from zero
+            "counters_zero": counters is None or not bool(counters.any().cpu())}
 
 
 def child_main() -> None:
@@ -146,8 +148,9 @@ def _check(got: dict, spec: dict) -> None:
     assert got["unwritten"] == 0, f"{got['unwritten']} owned output elements left NaN (or NaN read from the pool)"
     assert got["tail_untouched"], "rows of q that no sequence owns were written"
     assert got["rel_err"] < TOLERANCE[spec["dtype"]], got
+    assert got["counters_zero"], "a split launch left its counters non-zero: the next one would miscount"
     if (spec.get("splits") or 1) > 1:
-        assert got["split"], "the forced split-K path did not run its combine"
+        assert got["split"], "the forced split-K path did not run"
     elif "expect_split" in spec:
         assert got["split"] == spec["expect_split"], "choose_splits changed its mind on this batch"
 
@@ -187,9 +190,8 @@ def test_the_step_varying_ints_are_named_as_the_kernels_name_them():
     """Triton ignores a do_not_specialize name that is no argument: a typo would specialize again, silently."""
     from engine_builder.runner.torch_backend import paged_attention_triton as pat
 
-    for kernel, names in ((pat._paged_attention_kernel, {"num_splits", "num_tokens", "stride_bt"}),
-                          (pat._combine_splits_kernel, {"num_seqs", "num_splits", "num_tokens"})):
-        assert {p.name for p in kernel.params if p.do_not_specialize} == names
+    kernel = pat._paged_attention_kernel
+    assert {p.name for p in kernel.params if p.do_not_specialize} == {"num_splits", "num_tokens", "stride_bt"}
 
 
 def test_steps_of_any_token_count_or_table_width_share_one_compiled_variant():
@@ -219,7 +221,8 @@ def test_steps_of_any_token_count_or_table_width_share_one_compiled_variant():
 
 def test_host_side_never_synchronizes(monkeypatch):
     """What CUDA-graph capture needs: the wrapper reads no device value (no .item(), .tolist(), bool(tensor)...)
-    and sizes both grids from host ints only. Kernels are stubbed; every tensor -> host conversion raises."""
+    and sizes its grid from host ints only; the split's counters come from a buffer kept across calls (no memset
+    kernel a step). The kernel is stubbed; every tensor -> host conversion raises."""
     import torch
 
     from engine_builder.runner.torch_backend import paged_attention_triton as pat
@@ -234,7 +237,6 @@ def test_host_side_never_synchronizes(monkeypatch):
             return lambda *args, **kwargs: launches.append((self.name, grid, kwargs))
 
     monkeypatch.setattr(pat, "_paged_attention_kernel", Stub("attention"))
-    monkeypatch.setattr(pat, "_combine_splits_kernel", Stub("combine"))
     monkeypatch.setattr(pat, "_sm_count", lambda device: 132)
     monkeypatch.setattr(pat, "_interpreted", lambda: True)  # CPU tensors stand in for CUDA ones
     q = torch.randn(5, 9, 64, dtype=torch.bfloat16)
@@ -250,12 +252,12 @@ def test_host_side_never_synchronizes(monkeypatch):
     pat.paged_attention_triton(q, pool, pool, tables, lens, starts, scale=0.125, max_query_len=3)
     monkeypatch.undo()
 
-    (name, grid, kw), (combine, combine_grid, _) = launches
-    assert name == "attention" and combine == "combine"
+    (name, grid, kw), = launches  # one launch: the last split of each tile combines (no second kernel)
+    assert name == "attention"
     tile = pat.choose_tile(3, 64, 3)
     # 4 x 3 programs x 1 query tile is far under 2 x 132: the table's 256 blocks (32 key tiles of 128) allow 16 splits
     assert grid == (4 * 3, 1, 16) and (kw["BLOCK_M"], kw["BLOCK_Q"]) == (tile.block_m, tile.block_q) == (16, 5)
-    assert combine_grid == (5, 9)
+    assert kw["SPLIT"]
 
 
 def _compile_sm90(**const):
@@ -274,7 +276,8 @@ def _compile_sm90(**const):
     const.update(HEAD_DIM_PAD=tile.head_dim_pad, BLOCK_SIZE=16, BLOCK_M=tile.block_m, BLOCK_Q=tile.block_q,
                  BLOCK_N=tile.block_n, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
     pointers = {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "out_ptr": dtype, "part_out_ptr": "fp32",
-                "part_lse_ptr": "fp32", "block_tables_ptr": "i32", "context_lens_ptr": "i32", "query_start_ptr": "i32"}
+                "part_lse_ptr": "fp32", "counters_ptr": "i32", "block_tables_ptr": "i32", "context_lens_ptr": "i32",
+                "query_start_ptr": "i32"}
     sig = {n: "constexpr" if n in const else "*" + pointers[n] if n in pointers else "fp32"
            if n in ("scale", "softcap") else "i32" for n in fn.arg_names}
     # what the JIT marks on a real launch: 16-byte aligned pointers, strides that are multiples of 16 (not the block

@@ -93,7 +93,8 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
         "v_equal": bool(torch.equal(v_slots[slots], v)),
         "rest_untouched": bool(k_slots[untouched].isnan().all() and v_slots[untouched].isnan().all()),
         # against the reference, which rounds as transformers does (each product, then the sum)
-        "q_vs_ref_rel": rel(got_q, ref_q), "k_vs_ref_rel": rel(k_slots[slots], k_ref.view(-1, kv_heads, head_dim)[slots]),
+        "q_vs_ref_rel": rel(got_q, ref_q),
+        "k_vs_ref_rel": rel(k_slots[slots], k_ref.view(-1, kv_heads, head_dim)[slots]),
         "q_contiguous": bool(got_q.is_contiguous()) and tuple(got_q.shape) == (tokens, heads, head_dim),
     }
 
