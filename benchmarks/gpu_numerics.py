@@ -74,8 +74,9 @@ def ours(engine: Path, ids: list[int], way: str) -> dict:
     logits: list[torch.Tensor] = []
 
     def record_layer(*args, **kwargs):
-        out = layer(*args, **kwargs)
-        layers.append(out.float().cpu())
+        out = layer(*args, **kwargs)  # the stream and the branch the next layer adds to it first (model.py)
+        x, branch = out
+        layers.append((x.float() + branch.float()).to(x.dtype).float().cpu())
         return out
 
     def record_logits(*args, **kwargs):

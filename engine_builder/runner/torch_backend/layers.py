@@ -5,6 +5,7 @@
     activations  silu, gelu (erf), gelu_tanh: MlpSpec.activation
     dense MLPs   gated down(act(gate) * up) from one fused [gate; up] linear, plain down(act(up)): MlpSpec.kind
     linear       F.linear; on a CPU in float32 through numpy's BLAS
+    residual_add x + h, in the model dtype, as a pointwise add inductor fuses into the next norm
 
 The graph emitter's twins are engine_builder/network/norms.py and mlp.py; they dispatch on the same spec.
 """
@@ -27,6 +28,16 @@ Activation = Callable[[torch.Tensor], torch.Tensor]
 class NormWeights:
     weight: torch.Tensor  # [size] model dtype, as stored (gemma's offset is applied at run time, as transformers does)
     bias: torch.Tensor | None = None  # [size], layer_norm only
+
+
+def residual_add(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """x + h in the model dtype. Under torch.compile a 16-bit sum is written as float32 adds rounded once: the same
+    bits (torch adds 16-bit tensors in float32 and rounds), but no longer inductor's add(mm(..), x) pattern, which it
+    turns into addmm: on CUDA a copy of x into the output, then a gemm that reads it back (beta 1), 60 of SmolLM2's
+    480 launches a decode step, where a pointwise add fuses into the norm that reads the sum next."""
+    if torch.compiler.is_compiling() and x.dtype in (torch.float16, torch.bfloat16):
+        return (x.float() + h.float()).to(x.dtype)
+    return x + h
 
 
 def norm(x: torch.Tensor, w: NormWeights, spec: NormSpec) -> torch.Tensor:

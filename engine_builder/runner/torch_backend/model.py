@@ -47,7 +47,14 @@ from engine_builder.runner.torch_backend.checkpoint_tensors import (
 )
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, rotary_write_ref
 from engine_builder.runner.torch_backend.experts import MoeWeights, moe_mlp
-from engine_builder.runner.torch_backend.layers import DenseMlpWeights, NormWeights, dense_mlp, linear, norm
+from engine_builder.runner.torch_backend.layers import (
+    DenseMlpWeights,
+    NormWeights,
+    dense_mlp,
+    linear,
+    norm,
+    residual_add,
+)
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, rotary_tables
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
 from engine_builder.util.errors import ConfigError, UnsupportedError
@@ -218,19 +225,22 @@ class TorchDecoder:
         by_table = {id(t): t.cos_sin(positions, seq_lens) for t in self.rotary.values()}  # once per distinct table
         image_ids = images.image_ids if images is not None else None
         attn = self.cfg.block.attention
+        branch = torch.zeros_like(h)  # each layer's last branch, added to the stream at the next one's start
         for i, layer in enumerate(self.layers):
             layer_type = attn.layer_types[i]
             table = self.rotary.get(layer_type)
             window = attn.sliding_window if layer_type == "sliding_attention" else None
-            h = self.decoder_layer(h, layer, table, by_table[id(table)] if table else None, window,
-                                   kv.k_pools[i], kv.v_pools[i], kv, image_ids)
-        return self.logits(h, logits_indices)
+            h, branch = self.decoder_layer(h, branch, layer, table, by_table[id(table)] if table else None, window,
+                                           kv.k_pools[i], kv.v_pools[i], kv, image_ids)
+        return self.logits(h, branch, logits_indices)
 
     __call__ = forward
 
-    def _logits(self, h: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
-        """The last hidden states [T, hidden] -> logits [N, vocab] float32 of the tokens at logits_indices."""
-        h = norm(h[logits_indices], self.final_norm, self.cfg.block.norm)  # [N, hidden]
+    def _logits(self, h: torch.Tensor, branch: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """The last layer's stream and branch [T, hidden] -> logits [N, vocab] float32 of the tokens at logits_indices
+        (the residual added for those tokens only)."""
+        h = residual_add(h[logits_indices], branch[logits_indices])
+        h = norm(h, self.final_norm, self.cfg.block.norm)  # [N, hidden]
         logits = linear(h, self.lm_head)  # [N, vocab] (under tp [N, vocab / tp], gathered)
         if self.tp:
             logits = self.tp.gather_vocab(logits)
@@ -239,11 +249,16 @@ class TorchDecoder:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
-    def _decoder_layer(self, x: torch.Tensor, w: LayerWeights, table: RotaryTable | None,
+    def _decoder_layer(self, x: torch.Tensor, last: torch.Tensor, w: LayerWeights, table: RotaryTable | None,
                        cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,
-                       v_pool: torch.Tensor, kv: PagedKV, image_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Pre-norm residual block (ResidualSpec), x [T, hidden]: sequential, or parallel (gpt-neox), where both
-        branches read the same x and are added as transformers adds them."""
+                       v_pool: torch.Tensor, kv: PagedKV,
+                       image_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm residual block (ResidualSpec): sequential, or parallel (gpt-neox), where both branches read the
+        same x and are added as transformers adds them. x, last [T, hidden]: the stream and the last layer's final
+        branch (zeros before the first), whose residual add is this layer's first op; returns this layer's pair.
+        Deferred, the add is a pointwise input of this layer's first norm, which inductor fuses into it (returned
+        summed, it was the compiled graph's output, and inductor made it a copy and an addmm: residual_add)."""
+        x = residual_add(x, last)
         spec = self.cfg.block
         h = self._attention(norm(x, w.attn_norm, spec.norm), w.attn, table, cos_sin, window, k_pool, v_pool, kv,
                             image_ids)
@@ -253,7 +268,7 @@ class TorchDecoder:
             h = norm(h, w.post_attn_norm, spec.norm)
         attn_out = h
         if spec.residual.layout != "parallel":
-            x = x + h
+            x = residual_add(x, h)
         h = norm(x, w.mlp_norm, spec.norm)
         h = moe_mlp(h, w.mlp, spec.mlp) if isinstance(w.mlp, MoeWeights) else dense_mlp(h, w.mlp, spec.mlp)
         if self.tp:  # down's partial sums (every expert's slice, and the shared expert's)
@@ -261,8 +276,8 @@ class TorchDecoder:
         if w.post_mlp_norm is not None:
             h = norm(h, w.post_mlp_norm, spec.norm)
         if spec.residual.layout == "parallel":  # (mlp + attn) + x, transformers' order of the float sums
-            return h + attn_out + x
-        return x + h
+            return x, residual_add(h, attn_out)
+        return x, h
 
     def _attention(self, x: torch.Tensor, w: AttentionWeights, table: RotaryTable | None,
                    cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,

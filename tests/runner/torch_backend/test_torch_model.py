@@ -40,7 +40,7 @@ from engine_builder.formats.quant_packing import pack_int4, unpack_int4
 from engine_builder.formats.quantization import Quantization
 from engine_builder.runner.torch_backend.checkpoint_tensors import LazySafetensors
 from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
-from engine_builder.runner.torch_backend.layers import linear
+from engine_builder.runner.torch_backend.layers import linear, residual_add
 from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary
 from engine_builder.util.errors import UnsupportedError
@@ -454,3 +454,22 @@ def test_what_it_cannot_run_is_refused_in_one_line(llama):
         assert "\n" not in str(err.value)
     with pytest.raises(UnsupportedError, match="encoder"):
         TorchDecoder(dataclasses.replace(cfg, encoder=EncoderSpec()), tensors, device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_compiled_residual_add_is_the_16_bit_add_bit_for_bit(dtype):
+    """Under torch.compile residual_add writes a 16-bit sum as float32 adds rounded once (so inductor cannot make it
+    an addmm): the same bits as the plain add, which computes in float32 and rounds, including where the sum
+    overflows or rounds to even."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 96, generator=gen) * 4).to(dtype)
+    h = (torch.randn(64, 96, generator=gen) * 4).to(dtype)
+    big = torch.finfo(dtype).max
+    x[0, :3] = torch.tensor([big, -big, 1.0], dtype=dtype)
+    # inf; a large cancellation; 1 + half an ulp, a tie that rounds to even (1)
+    h[0, :3] = torch.tensor([big, big / 2, torch.finfo(dtype).eps / 2], dtype=dtype)
+    compiled = torch.compile(residual_add, fullgraph=True, dynamic=False)
+    want = x + h
+    got = compiled(x, h)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(residual_add(x, h), want)  # eager: the plain add
