@@ -194,6 +194,43 @@ def test_the_step_varying_ints_are_named_as_the_kernels_name_them():
     assert {p.name for p in kernel.params if p.do_not_specialize} == {"num_splits", "num_tokens", "stride_bt"}
 
 
+def test_split_launches_replayed_from_a_cuda_graph_combine_every_tile_each_time():
+    """The split path's combine is the last split of a tile to finish, found by a counter it resets: racy if the
+    partials' stores were not visible to it, or if a counter were left non-zero for the next launch. A captured
+    decode-shaped launch (64 sequences x 8 KV heads, 8 splits: 4,096 programs racing) replays 50 times over new
+    queries, each replay's output checked against the reference, the counters zero after each."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the race needs programs that run at once (the interpreter runs them in turn)")
+    from engine_builder.runner.torch_backend import paged_attention_triton as pat
+    from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    seqs, kv_heads, heads, head_dim, blocks = 64, 8, 32, 128, 40
+    k_pool = torch.randn(seqs * blocks + 1, BLOCK_SIZE, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                         generator=gen)
+    v_pool = torch.randn_like(k_pool)
+    tables = (torch.randperm(seqs * blocks, device="cuda", generator=gen) + 1).view(seqs, blocks).int()
+    lens = torch.randint(1, blocks * BLOCK_SIZE + 1, (seqs,), device="cuda", generator=gen)
+    starts = torch.arange(seqs + 1, device="cuda")
+    q = torch.empty(seqs, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    kwargs = dict(scale=head_dim**-0.5, max_query_len=1, out=out, num_splits=8)
+    q.normal_(generator=gen)
+    pat.paged_attention_triton(q, k_pool, v_pool, tables, lens, starts, **kwargs)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pat.paged_attention_triton(q, k_pool, v_pool, tables, lens, starts, **kwargs)
+    for _ in range(50):
+        q.normal_(generator=gen)
+        graph.replay()
+        want = paged_attention_ref(q, k_pool, v_pool, tables, lens, starts, scale=head_dim**-0.5)
+        err = float((out.double() - want.double()).norm() / want.double().norm())
+        assert err < TOLERANCE["bfloat16"], err
+        assert not bool(pat._COUNTERS[q.device].any()), "a counter was left non-zero"
+
+
 def test_steps_of_any_token_count_or_table_width_share_one_compiled_variant():
     """The ints that change from step to step are not specialized on: decode batches of 1, 5 and 16 tokens over
     tables 3, 16 and 17 blocks wide compile the kernel once (each of them a compile of ~1 s mid-serving else)."""
