@@ -10,7 +10,9 @@ does, never on the architecture name, and computes each op in transformers' orde
 rope_tables.py, experts.py), so float32 logits equal transformers' to float rounding. A step is the flat batch
 of runner/core/model_input.py: every sequence's new tokens back to back; each layer rotates its queries and keys
 and writes its new keys and values into the pool through `kv_write` (rotary_write_ref's signature), then attends
-through `attention` (paged_attention_ref's); on the GPU Triton kernels replace both. Everything per model
+through `attention` (paged_attention_ref's); on the GPU Triton kernels replace both (the rotary there rounds its
+float32 products and sum once, as inductor's fused rotary did, where transformers' 16-bit rotary rounds each:
+the last bit of a channel may differ). Everything per model
 (weights, rotary tables) is made at construction, and the forward holds no host synchronization outside the
 attention function (no .item(), no branch on a tensor's value; only on shapes), so the GPU path can capture it
 in a CUDA graph.

@@ -317,15 +317,23 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown counters: graphs captured over them still replay there
 
 
 def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     """Zeroed int32 counters, one per (sequence, kv head, query tile) of a split launch, kept across calls: each
     launch leaves them at zero (a tile's last split resets its own), and a buffer made per call would be one more
-    kernel a step (its memset). Grown when a launch needs more; grown during a CUDA graph's capture, the new buffer
-    comes from the graph's pool and its memset replays with the graph, which stays correct."""
+    kernel a step (its memset). A split is chosen only while the programs are fewer than KERNEL_PROGRAMS_PER_SM per
+    multiprocessor, so KERNEL_SPLIT_COUNTERS always suffice then; a forced num_splits over more tiles grows the
+    buffer, never during a CUDA graph's capture (the new buffer's memset would only be recorded, not run)."""
     have = _COUNTERS.get(device)
     if have is None or have.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"a split launch over {needed} tiles needs more counters than the "
+                               f"{0 if have is None else have.numel()} made before this CUDA graph's capture; run it "
+                               "once before capturing")
+        if have is not None:
+            _RETIRED.append(have)
         have = _COUNTERS[device] = torch.zeros(max(needed, KERNEL_SPLIT_COUNTERS), dtype=torch.int32, device=device)
     return have
 

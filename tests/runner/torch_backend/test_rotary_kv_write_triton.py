@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (the `tes
 
 # name -> heads, kv_heads, head_dim, rotary channels (0: none), interleaved, dtype, tokens; fused: q, k, v views of
 # one [tokens, (heads + 2 kv_heads) * head_dim] projection (the model's case) rather than contiguous tensors (a
-# q/k-normed model's)
+# q/k-normed model's); flat: cos/sin as [tokens, rot] rather than cos_sin's [tokens, 1, rot]
 CASES: dict[str, dict] = {
     "halves_9:3_d64_bf16_fused": dict(h=9, kv=3, d=64, rot=64, interleaved=False, dtype="bfloat16", t=5, fused=True),
     "halves_32:8_d128_bf16": dict(h=32, kv=8, d=128, rot=128, interleaved=False, dtype="bfloat16", t=3),
@@ -29,6 +29,9 @@ CASES: dict[str, dict] = {
     "pairs_4:1_d64_bf16": dict(h=4, kv=1, d=64, rot=64, interleaved=True, dtype="bfloat16", t=6, fused=True),
     "pairs_partial_2:2_d96_f32_rot48": dict(h=2, kv=2, d=96, rot=48, interleaved=True, dtype="float32", t=2),
     "none_4:4_d64_f32": dict(h=4, kv=4, d=64, rot=0, interleaved=False, dtype="float32", t=3, fused=True),
+    "partial_6:2_d80_bf16_rot32_flat_cos": dict(h=6, kv=2, d=80, rot=32, interleaved=False, dtype="bfloat16", t=7,
+                                                fused=True, flat=True),
+    "halves_8:2_d128_f16": dict(h=8, kv=2, d=128, rot=128, interleaved=False, dtype="float16", t=4, fused=True),
 }
 BLOCK_SIZE = 16
 
@@ -71,7 +74,9 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
     views = [t.to(device) for t in (q, k, v)] if not spec.get("fused") else [
         t.unflatten(-1, (-1, head_dim)) for t in fused_d.split([heads * head_dim, kv_heads * head_dim,
                                                                 kv_heads * head_dim], dim=-1)]
-    got_q = rotary_write_triton(*views, cos_d, sin_d, k_pool, v_pool, slots_d, interleaved=spec["interleaved"])
+    # the model's cos/sin are cos_sin's [tokens, 1, rot]; the kernel also takes them flat
+    flat = (cos_d[:, 0], sin_d[:, 0]) if rot and spec.get("flat") else (cos_d, sin_d)
+    got_q = rotary_write_triton(*views, *flat, k_pool, v_pool, slots_d, interleaved=spec["interleaved"])
     ref_q = rotary_write_ref(*views, cos_d, sin_d, k_ref, v_ref, slots_d, interleaved=spec["interleaved"])
 
     def ulps(got, want64):
@@ -95,7 +100,6 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
         # against the reference, which rounds as transformers does (each product, then the sum)
         "q_vs_ref_rel": rel(got_q, ref_q),
         "k_vs_ref_rel": rel(k_slots[slots], k_ref.view(-1, kv_heads, head_dim)[slots]),
-        "q_contiguous": bool(got_q.is_contiguous()) and tuple(got_q.shape) == (tokens, heads, head_dim),
     }
 
 
@@ -118,19 +122,19 @@ def interpreted() -> dict:
 
 
 def _check(got: dict, spec: dict) -> None:
-    """bf16: every channel within one unit in the last place of the exact rotation (float32 arithmetic rounded
+    """16-bit: every channel within one unit in the last place of the exact rotation (float32 arithmetic rounded
     once is within 0.5 and a hair); float32: the error of float32 arithmetic, whose products and sum each round
     (a cancelling sum has no bound in units of its own last place, so the norm); either within the reference's
     own rounding of transformers' order; values copied bit for bit; no slot but the step's written."""
-    assert got["q_contiguous"]
     assert got["v_equal"] and got["rest_untouched"], got
     if not spec["rot"]:
         assert got["q_ulps"] == got["k_ulps"] == 0.0, "no rotary: q and k must be copied exactly"
-    elif spec["dtype"] == "bfloat16":
+    elif spec["dtype"] != "float32":
         assert got["q_ulps"] <= 1.0 and got["k_ulps"] <= 1.0, got
     else:
         assert got["q_rel"] < 1e-6 and got["k_rel"] < 1e-6, got
-    tolerance = 1e-2 if spec["dtype"] == "bfloat16" else 1e-6
+    # two roundings of the same products (one rounding, against transformers' three), ~2^-8 and ~2^-11 of the norm
+    tolerance = {"bfloat16": 6e-3, "float16": 8e-4, "float32": 1e-6}[spec["dtype"]]
     assert got["q_vs_ref_rel"] < tolerance and got["k_vs_ref_rel"] < tolerance, got
 
 
@@ -168,8 +172,6 @@ def test_builds_for_hopper(const):
     kernel = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 1})
     assert kernel.asm["cubin"], "no cubin"
-    sass_stores = kernel.asm["ptx"].count("st.global")
-    assert sass_stores >= 3, f"{sass_stores} global stores: q, k and v each need one"
 
 
 if __name__ == "__main__":
