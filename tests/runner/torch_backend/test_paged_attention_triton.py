@@ -1,29 +1,21 @@
 """paged_attention_triton against paged_attention_ref on the CPU (Triton's interpreter), and its sm_90 build.
 
-Why a child process: triton.jit picks interpreted or compiled when it decorates, i.e. when
-paged_attention_triton.py is first imported, reading TRITON_INTERPRET at that moment (seen with triton 3.6:
-setting the variable after `import triton` but before the decoration is enough, after it does nothing). In
-pytest's process another test may have imported the module already, and setting the variable there would turn
-every other Triton kernel of the session into an interpreted one. So this file is also a script: the test runs
-it once as a child with TRITON_INTERPRET=1 in its environment, the child checks every case of CASES and prints
-one JSON line, and each parametrized test reads its case from that. The host-synchronization and sm_90 build
-tests run in pytest's own process, on the compiled (not interpreted) kernels, with no GPU; where a CUDA device
-is, the same cases run compiled on it too (benchmarks/gpu_run.sh's `tests` part).
+The interpreter cases run in a child process with TRITON_INTERPRET=1, this file being the child's script
+(tests/triton_interpreter.py says why); each parametrized test reads its case from the child's JSON line. The
+host-synchronization and sm_90 build tests run in pytest's own process, on the compiled (not interpreted)
+kernels, with no GPU; where a CUDA device is, the same cases run compiled on it too (benchmarks/gpu_run.sh's
+`tests` part).
 
 Runtime on 2 shared cores: about 15 s (10 s the child, 4 s the four sm_90 builds).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from triton_interpreter import report_cases, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[3]
 triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra brings it)")
 
 # name -> heads, kv_heads, head_dim, dtype, context_lens, query_lens, and options: window, softcap; splits (forced
@@ -130,18 +122,12 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
 def child_main() -> None:
     from engine_builder.runner.torch_backend import paged_attention_triton as pat
 
-    assert type(pat._paged_attention_kernel).__name__ == "InterpretedFunction", "TRITON_INTERPRET=1 was not seen"
-    pat.patch_triton_interpreter()
-    print(json.dumps({name: run_case(spec, seed) for seed, (name, spec) in enumerate(CASES.items())}))
+    report_cases(pat._paged_attention_kernel, CASES, run_case)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(__file__)
 
 
 def _check(got: dict, spec: dict) -> None:

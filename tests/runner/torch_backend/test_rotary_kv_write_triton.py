@@ -1,22 +1,16 @@
 """rotary_kv_write_triton against float64 arithmetic and rotary_write_ref, on the CPU (Triton's interpreter), and its
 sm_90 build.
 
-As test_paged_attention_triton.py (its docstring says why): the interpreter cases run in a child process with
-TRITON_INTERPRET=1, this file being the child's script; where a CUDA device is, the same cases run compiled on it
+The interpreter cases run in a child process with TRITON_INTERPRET=1, this file being the child's script
+(tests/triton_interpreter.py says why); where a CUDA device is, the same cases run compiled on it
 (benchmarks/gpu_run.sh's `tests` part). Runtime on 2 shared cores: about 8 s.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from triton_interpreter import report_cases, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[3]
 triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra brings it)")
 
 # name -> heads, kv_heads, head_dim, rotary channels (0: none), interleaved, dtype, tokens; fused: q, k, v views of
@@ -104,21 +98,14 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
 
 
 def child_main() -> None:
-    from engine_builder.runner.torch_backend import paged_attention_triton as pat
     from engine_builder.runner.torch_backend import rotary_kv_write_triton as rkw
 
-    assert type(rkw._rotary_write_kernel).__name__ == "InterpretedFunction", "TRITON_INTERPRET=1 was not seen"
-    pat.patch_triton_interpreter()  # float32 -> bfloat16 rounds to nearest even, as the GPU's cvt.rn
-    print(json.dumps({name: run_case(spec, seed) for seed, (name, spec) in enumerate(CASES.items())}))
+    report_cases(rkw._rotary_write_kernel, CASES, run_case)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(__file__)
 
 
 def _check(got: dict, spec: dict) -> None:
