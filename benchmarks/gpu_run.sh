@@ -9,6 +9,8 @@
 # The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
 # gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
 # to /tmp/site first.
+# BASE=<commit>: the parts again (tests excepted) on that commit's engine_builder/, logs under $OUT/base: a paired
+# A/B on one machine, whose speed drifts between calls; engine_builder/ is back at HEAD after.
 # TRTBUILD_MEMORY_GB: the host-RAM plan is the CPU twin's (formats/memory_plan.py); the torch backend's KV and
 # activations live on the GPU, and Firecracker's MemTotal starts far below the machine's 128 GiB
 export TRTBUILD_MEMORY_GB=${TRTBUILD_MEMORY_GB:-2000}
@@ -66,4 +68,12 @@ for part in $PARTS; do
         | tail -60 | tee "$OUT/gpu-decode-8b.txt" ;;
   esac
 done
+if [ -n "${BASE:-}" ]; then
+  if ! git diff --quiet HEAD -- engine_builder; then
+    echo "BASE=$BASE: engine_builder/ differs from HEAD; commit first (it is checked out at HEAD again after)"
+    exit 2
+  fi
+  git checkout -q "$BASE" -- engine_builder && mkdir -p "$OUT/base" && OUT="$OUT/base" BASE= bash "$0" ${PARTS//tests/}
+  git checkout -q HEAD -- engine_builder
+fi
 ls "$OUT"
