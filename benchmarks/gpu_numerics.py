@@ -62,6 +62,7 @@ def hf_states(hf_dir: Path, ids: list[int], dtype: torch.dtype) -> dict:
 def ours(engine: Path, ids: list[int], way: str) -> dict:
     from engine_builder import LLM
     from engine_builder.runner.sampling_params import SamplingParams
+    from engine_builder.runner.torch_backend.layers import residual_add
 
     os.environ["TRTBUILD_TORCH_COMPILE"] = "off" if way == "eager" else "on"
     llm = LLM(engine, backend="torch", verify=False, gpu_memory_utilization=0.5)
@@ -75,8 +76,7 @@ def ours(engine: Path, ids: list[int], way: str) -> dict:
 
     def record_layer(*args, **kwargs):
         out = layer(*args, **kwargs)  # the stream and the branch the next layer adds to it first (model.py)
-        x, branch = out
-        layers.append((x.float() + branch.float()).to(x.dtype).float().cpu())
+        layers.append(residual_add(*out).float().cpu())
         return out
 
     def record_logits(*args, **kwargs):

@@ -66,6 +66,6 @@ KERNEL_MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the partials and
 # programs per multiprocessor the split choice aims for: two resident programs keep loads in flight, a third wave
 # only adds partial traffic (benchmarks/gpu_paged_attention.py's split sweep)
 KERNEL_PROGRAMS_PER_SM = 2
-# split launches' counters made at once (int32, 256 KB): a decode of 256 sequences x 8 KV heads takes 2,048; more is
-# grown when needed
+# split launches' counters made at once (int32, 256 KB): a launch splits only while its programs number fewer than
+# KERNEL_PROGRAMS_PER_SM x the multiprocessors (264 on an H100), so only a forced num_splits ever needs more
 KERNEL_SPLIT_COUNTERS = 1 << 16

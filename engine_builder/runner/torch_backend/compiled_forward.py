@@ -54,8 +54,8 @@ class CompiledForward:
     """The model with its layers and head compiled (its attention goes through kv_attention from now on); called as
     the model is. `seconds`: the time of the calls that compiled (the warm-up, reported)."""
 
-    def __init__(self, model, attention: Callable[..., torch.Tensor]) -> None:
-        _ATTENTION[model.device.type] = attention
+    def __init__(self, model) -> None:
+        _ATTENTION[model.device.type] = model.attention
         _KV_WRITE[model.device.type] = model.kv_write
         # a shallow copy (the same weight tensors) whose layer and head are compiled: the model itself stays eager
         # for the steps that take no compiled path (an image prefill)

@@ -121,7 +121,7 @@ class TorchRuntime(Backend):
         if compile_mode == "on" or (compile_mode == "auto" and self.device.type == "cuda" and self.model.tp is None):
             from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
 
-            self.compiled = CompiledForward(self.model, attention)
+            self.compiled = CompiledForward(self.model)
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
