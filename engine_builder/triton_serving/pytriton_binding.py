@@ -24,6 +24,7 @@ import numpy as np
 from engine_builder.executor.executor import Executor
 from engine_builder.runner.llm import LLM
 from engine_builder.triton_serving import stub_env
+from engine_builder.triton_serving.handshake_retry import with_retry
 from engine_builder.triton_serving.triton_io import (
     EXECUTION_ENV_PARAMETER,
     INPUTS,
@@ -61,20 +62,24 @@ def _tensor(spec: TritonTensor):
 @contextlib.contextmanager
 def _stub_runs_in(env: Path) -> Iterator[None]:
     """pytriton 0.7.0 writes each model's config.pbtxt itself and offers no backend parameter of its own, so its
-    config class is wrapped for the duration to add EXECUTION_ENV_PATH (the stub's numpy 1.x env, stub_env.py)."""
+    config class is wrapped for the duration to add EXECUTION_ENV_PATH (the stub's numpy 1.x env, stub_env.py);
+    and the proxy files it sends with each model get the handshake retry (handshake_retry.py)."""
     import pytriton.models.model as pytriton_model
 
-    original = pytriton_model.TritonModelConfig
+    config_class = pytriton_model.TritonModelConfig
+    proxy_files = pytriton_model.Model.get_proxy_model_files
 
     def with_env(**kwargs):
         kwargs["backend_parameters"] = {**kwargs.get("backend_parameters", {}), EXECUTION_ENV_PARAMETER: str(env)}
-        return original(**kwargs)
+        return config_class(**kwargs)
 
     pytriton_model.TritonModelConfig = with_env
+    pytriton_model.Model.get_proxy_model_files = lambda model: with_retry(proxy_files(model))
     try:
         yield
     finally:
-        pytriton_model.TritonModelConfig = original
+        pytriton_model.TritonModelConfig = config_class
+        pytriton_model.Model.get_proxy_model_files = proxy_files
 
 
 def make_infer(executor: Executor, encode: Callable[[str], list[int]]):
