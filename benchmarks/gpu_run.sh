@@ -9,6 +9,8 @@
 # The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
 # gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
 # to /tmp/site first.
+# TRTBUILD_FUSED_DECODE=off OUT=<dir> before it: the same parts with steps of few tokens through the compiled layer
+# rather than fused_decode.py's six launches (the A/B of that layer; its env var reaches every part).
 # BASE=<commit>: the parts again (tests excepted) on that commit's engine_builder/, logs under $OUT/base: a paired
 # A/B on one machine, whose speed drifts between calls; engine_builder/ is back at HEAD after.
 # TRTBUILD_MEMORY_GB: the host-RAM plan is the CPU twin's (formats/memory_plan.py); the torch backend's KV and
@@ -38,7 +40,9 @@ for part in $PARTS; do
         tests/runner/torch_backend/test_decode_inputs.py tests/runner/torch_backend/test_torch_backend.py \
         tests/runner/torch_backend/test_async_decode.py tests/runner/torch_backend/test_warm_up.py \
         tests/runner/torch_backend/test_rotary_kv_write_triton.py \
-        tests/vision/test_torch_backend_images.py -k "not smollm2" -rfE > "$OUT/gpu-tests.log" 2>&1
+        tests/runner/torch_backend/test_decode_linear_triton.py tests/runner/torch_backend/test_fused_decode.py \
+        tests/vision/test_torch_backend_images.py -k "not smollm2 and not in_interpreter" -rfE \
+        > "$OUT/gpu-tests.log" 2>&1
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests.log" | tail -20
       # a device-side assert is reported at a later call: the failed tests again, each launch synchronous
       failed=$(grep -oE "^FAILED [^ ]+" "$OUT/gpu-tests.log" | cut -d" " -f2 | head -3)

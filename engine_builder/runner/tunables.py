@@ -69,3 +69,9 @@ KERNEL_PROGRAMS_PER_SM = 2
 # split launches' counters made at once (int32, 256 KB): a launch splits only while its programs number fewer than
 # KERNEL_PROGRAMS_PER_SM x the multiprocessors (264 on an H100), so only a forced num_splits ever needs more
 KERNEL_SPLIT_COUNTERS = 1 << 16
+
+# --- the fused decode layer (runner/torch_backend/fused_decode.py, decode_linear_triton.py) -----------------------
+
+# a CUDA step of at most this many tokens runs each layer as six Triton launches (at most the kernel's 16 rows):
+# weight-bound, where more tokens are the tensor cores' work and cuBLAS's
+FUSED_DECODE_MAX_TOKENS = 16

@@ -284,10 +284,17 @@ class TorchDecoder:
     def _attention(self, x: torch.Tensor, w: AttentionWeights, table: RotaryTable | None,
                    cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,
                    v_pool: torch.Tensor, kv: PagedKV, image_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, hidden] (normalized) -> [T, hidden]: qkv, q/k norms, rotary, write the pool, attend, o. IMAGE_IDS:
+        """x [T, hidden] (normalized) -> [T, hidden]: qkv, attend (_attend), o."""
+        out = self._attend(linear(x, w.qkv, w.qkv_bias), w, table, cos_sin, window, k_pool, v_pool, kv, image_ids)
+        return linear(out.flatten(-2), w.o, w.o_bias)
+
+    def _attend(self, qkv: torch.Tensor, w: AttentionWeights, table: RotaryTable | None,
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None, window: int | None, k_pool: torch.Tensor,
+                v_pool: torch.Tensor, kv: PagedKV, image_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv [T, q_dim + 2 kv_dim] -> [T, heads, head_dim]: q/k norms, rotary, write the pool, attend. IMAGE_IDS:
         ImageSplice.image_ids, a bidirectional image's prefill (the attention function's mask beyond causality)."""
         cfg, spec = self.cfg, self.cfg.block.attention
-        q, k, v = linear(x, w.qkv, w.qkv_bias).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
+        q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [T, heads, head_dim]
         k = k.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))  # [T, kv_heads, head_dim]
         v = v.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
@@ -297,14 +304,11 @@ class TorchDecoder:
         interleaved = table is not None and table.interleaved
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
         if self.kv_attention is not None and image_ids is None:  # rotary + write + attend: one op (compiled_forward)
-            out = self.kv_attention(q, k, v, cos, sin, interleaved, k_pool, v_pool, kv.slots, kv.block_tables,
-                                    kv.context_lens, kv.query_start, scale, spec.logit_softcap, window)
-        else:
-            q = self.kv_write(q, k, v, cos, sin, k_pool, v_pool, kv.slots, interleaved=interleaved)
-            out = self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
-                                 softcap=spec.logit_softcap, sliding_window=window,
-                                 image_ids=image_ids)  # [T, heads, head_dim]
-        return linear(out.flatten(-2), w.o, w.o_bias)
+            return self.kv_attention(q, k, v, cos, sin, interleaved, k_pool, v_pool, kv.slots, kv.block_tables,
+                                     kv.context_lens, kv.query_start, scale, spec.logit_softcap, window)
+        q = self.kv_write(q, k, v, cos, sin, k_pool, v_pool, kv.slots, interleaved=interleaved)
+        return self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
+                              softcap=spec.logit_softcap, sliding_window=window, image_ids=image_ids)
 
     # -- loading: every tensor to the device, in the model dtype --
 

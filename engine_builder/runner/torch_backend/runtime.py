@@ -44,11 +44,12 @@ from engine_builder.runner.torch_backend.device_kv_attention import (
 )
 from engine_builder.runner.torch_backend.model import ImageSplice, PagedKV, TorchDecoder
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
-from engine_builder.runner.tunables import TORCH_KV_BLOCK_SIZE
+from engine_builder.runner.tunables import FUSED_DECODE_MAX_TOKENS, TORCH_KV_BLOCK_SIZE
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
 COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # auto (on for CUDA) | on | off: the layers through torch.compile
+FUSED_ENV = "TRTBUILD_FUSED_DECODE"  # auto | off: steps of few tokens through fused_decode.py on CUDA
 
 
 class TorchRuntime(Backend):
@@ -122,6 +123,13 @@ class TorchRuntime(Backend):
             from engine_builder.runner.torch_backend.compiled_forward import CompiledForward
 
             self.compiled = CompiledForward(self.model)
+        # steps of few tokens on CUDA: the layers as six Triton launches each (fused_decode.py), where the layer is
+        # llama-shaped; the CPU has no Triton (the interpreter tests it)
+        self.fused = None
+        if self.device.type == "cuda" and environment.read(FUSED_ENV) == "auto":
+            from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
+
+            self.fused = FusedDecode(self.model) if unsupported(self.model) is None else None
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
@@ -245,6 +253,8 @@ class TorchRuntime(Backend):
         if images is not None:
             return self.model(token_ids, positions, kv, logits_indices, images)
         model = self.compiled if self.compiled is not None else self.model
+        if self.fused is not None and token_ids.shape[0] <= FUSED_DECODE_MAX_TOKENS:
+            model = self.fused
         return model(token_ids, positions, kv, logits_indices)
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
@@ -256,6 +266,8 @@ class TorchRuntime(Backend):
             return None
         if progress is not None:
             what = ["torch.compile of the layers"] if self.compiled is not None else []
+            if self.fused is not None:
+                what.append("the fused decode kernels' autotune")
             if self._graphs is not None:
                 g = self._graphs
                 prefills = f", prefill {g.prefill_sizes[0]}..{g.prefill_sizes[-1]} tokens" if g.prefill_sizes else ""

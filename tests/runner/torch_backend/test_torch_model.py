@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from paged_run import PagedRun
 from tiny_models import COMMON, FAMILY_MODELS, MOE_MODELS, TINY_MODELS, make_tiny_model, spread_routers
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -39,13 +40,12 @@ from engine_builder.formats.encoder_spec import EncoderSpec
 from engine_builder.formats.quant_packing import pack_int4, unpack_int4
 from engine_builder.formats.quantization import Quantization
 from engine_builder.runner.torch_backend.checkpoint_tensors import LazySafetensors
-from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref, slot_mapping
+from engine_builder.runner.torch_backend.device_kv_attention import paged_attention_ref
 from engine_builder.runner.torch_backend.layers import linear, residual_add
-from engine_builder.runner.torch_backend.model import PagedKV, TorchDecoder
+from engine_builder.runner.torch_backend.model import TorchDecoder
 from engine_builder.runner.torch_backend.rope_tables import RotaryTable, apply_rotary
 from engine_builder.util.errors import UnsupportedError
 
-BLOCK = 4  # tokens per pool block: a 12-token prompt spans 3 blocks
 PROMPT = 12
 STEPS = 8
 # float32 against transformers, relative to the logits' scale (tiny random models: ~0.5..7): they agree to float
@@ -128,59 +128,6 @@ def families(module_tmp_factory):
 @pytest.fixture(params=FAMILIES)
 def family(request, families) -> Family:
     return families(request.param)
-
-
-class PagedRun:
-    """Sequences over one pool, the way the runtime drives the decoder: blocks handed out as each sequence
-    grows, from a shuffled free list (so a sequence's blocks are neither contiguous nor in order)."""
-
-    def __init__(self, decoder: TorchDecoder, num_blocks: int = 48, seed: int = 0):
-        self.decoder = decoder
-        self.k, self.v = decoder.new_pools(num_blocks, BLOCK)
-        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-        self.blocks: dict[str, list[int]] = {}
-        self.lengths: dict[str, int] = {}
-
-    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-        """One flat forward of each named sequence's new tokens -> each one's logits [its tokens, vocab]."""
-        ids, positions, seq_of, query_start, context = [], [], [], [0], []
-        for s, (name, tokens) in enumerate(chunks.items()):
-            start = self.lengths.setdefault(name, 0)
-            end = start + len(tokens)
-            held = self.blocks.setdefault(name, [])
-            while len(held) * BLOCK < end:
-                held.append(self.free.pop())
-            ids += tokens
-            positions += range(start, end)
-            seq_of += [s] * len(tokens)
-            query_start.append(len(ids))
-            context.append(end)
-            self.lengths[name] = end
-        width = max(len(self.blocks[name]) for name in chunks)
-        table = torch.tensor([self.blocks[n] + [0] * (width - len(self.blocks[n])) for n in chunks], dtype=torch.int32)
-        pos = torch.tensor(positions)
-        kv = PagedKV(self.k, self.v, table, torch.tensor(context), torch.tensor(query_start),
-                     slot_mapping(table, pos, torch.tensor(seq_of), BLOCK))
-        logits = self.decoder(torch.tensor(ids), pos, kv, torch.arange(len(ids)))
-        return {name: logits[query_start[s]:query_start[s + 1]] for s, name in enumerate(chunks)}
-
-    def rewind(self, name: str) -> None:
-        """Forget a sequence's cache (its blocks stay its own): the next step re-prefills it."""
-        self.lengths[name] = 0
-
-    def greedy(self, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-        """STEPS greedy tokens and the logits each came from; at the longrope switch the whole sequence is
-        prefilled again, as the generation loop does (runner/generate.py `reprefill`)."""
-        tokens, logits, feed = list(prompt), [], list(prompt)
-        for _ in range(steps):
-            if self.decoder.reprefill_after is not None and self.lengths.get("s") == self.decoder.reprefill_after:
-                self.rewind("s")
-                feed = list(tokens)
-            last = self.step({"s": feed})["s"][-1]
-            logits.append(last)
-            tokens.append(int(last.argmax()))
-            feed = tokens[-1:]
-        return tokens[len(prompt):], logits
 
 
 def scale_of(reference: torch.Tensor) -> float:

@@ -1,0 +1,123 @@
+"""fused_decode.py: the llama-shaped layer as six launches, against the model's own layer.
+
+Tiny random models of the families it takes (llama with llama3 rope, tied llama with head_dim 32, mistral's
+window, qwen2's qkv bias and window, phi3's partial longrope rotary), converted as `trtbuild convert` does, run on the CPU under Triton's
+interpreter (a child process: tests/triton_interpreter.py says why): a 12-token prefill, a ragged step of a second
+prompt beside the first one's decode, then decode steps, each through FusedDecode and through the model's layer on
+pools of their own. The logits agree to float rounding (in bfloat16 they were equal) and the greedy tokens are the
+same. The families it refuses say why. Runtime on 2 shared cores: about 60 s.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import transformers
+from triton_interpreter import report_cases, run_interpreted
+
+triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra brings it)")
+
+CASES: dict[str, dict] = {
+    "llama_f32": dict(family="llama", dtype="float32"),
+    "llama_tied_bf16": dict(family="llama_tied", dtype="bfloat16"),
+    "mistral_bf16": dict(family="mistral", dtype="bfloat16"),
+    "qwen2_f32": dict(family="qwen2", dtype="float32"),
+    "qwen2_bf16": dict(family="qwen2", dtype="bfloat16"),
+    "phi3_f32": dict(family="phi3", dtype="float32"),
+}
+PROMPT, SECOND, STEPS = 12, 5, 6
+TOL = 1e-4  # float32, relative to the logits' scale: test_torch_model.py's agreement with transformers
+
+
+def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+    from paged_run import PagedRun
+    from tiny_models import make_tiny_model
+
+    from converters.convert import convert
+    from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
+    from engine_builder.runner.torch_backend.model import TorchDecoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        convert(make_tiny_model(spec["family"], Path(tmp) / "hf"), Path(tmp) / "ckpt")
+        model = TorchDecoder.from_dir(Path(tmp) / "ckpt", device=device, dtype=getattr(torch, spec["dtype"]))
+    assert unsupported(model) is None, unsupported(model)
+    runs = {"eager": PagedRun(model, seed=seed), "fused": PagedRun(model, seed=seed, forward=FusedDecode(model))}
+    rng = np.random.default_rng(seed)
+    first, second = (rng.integers(3, 317, n).tolist() for n in (PROMPT, SECOND))
+    steps = [{"a": first}, {"a": None, "b": second}] + [{"a": None, "b": None}] * STEPS
+    tokens = {"eager": {}, "fused": {}}
+    worst = 0.0
+    for chunks in steps:
+        got = {}
+        for way, run in runs.items():
+            feed = {name: ids if ids is not None else tokens[way][name][-1:] for name, ids in chunks.items()}
+            got[way] = run.step(feed)
+            for name, logits in got[way].items():
+                tokens[way].setdefault(name, []).append(int(logits[-1].argmax()))
+        for name in chunks:
+            want = got["eager"][name].float()
+            err = float((got["fused"][name].float() - want).abs().max()) / max(1.0, float(want.abs().max()))
+            worst = max(worst, err)
+    return {"worst_rel": worst, "tokens_equal": tokens["eager"] == tokens["fused"], "tokens": tokens["fused"]}
+
+
+def child_main() -> None:
+    from engine_builder.runner.torch_backend import decode_linear_triton as dl
+
+    report_cases(dl._decode_linear_kernel, CASES, run_case)
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_interpreted(__file__)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_layers_give_the_models_logits_and_tokens_in_interpreter(interpreted, name):
+    got = interpreted[name]
+    assert got["tokens_equal"], got
+    assert got["worst_rel"] <= TOL, got  # bfloat16 too: its roundings are the eager ops' (measured: equal)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_layers_give_the_models_logits_and_tokens_on_cuda(name):
+    """Compiled for the GPU, against the eager layer's cuBLAS products: float32 (no TF32 either side) to float
+    rounding; a 16-bit sum whose order differs rounds apart in the rare last bit, which the next layers carry: a
+    bfloat16 step's logits within a few of its units (2^-8 of the logits' scale each), and the same tokens."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the interpreter cases above run the same checks on the CPU)")
+    got = run_case(CASES[name], list(CASES).index(name), "cuda")
+    assert got["tokens_equal"], got
+    assert got["worst_rel"] <= (TOL if CASES[name]["dtype"] == "float32" else 4 * 2 ** -8), got
+
+
+@pytest.mark.parametrize("family, reasons", [
+    ("qwen3", "q/k norms"),
+    ("gemma2", "a norm weight offset (gemma), sandwich norms, the gated gelu_tanh MLP, a final logit softcap"),
+    ("phi3", None),
+    ("gpt2", "layer_norm, the plain gelu_tanh MLP"),
+    ("gpt_neox", "layer_norm, the parallel residual, the plain gelu MLP"),
+])
+def test_the_layers_it_refuses_say_why(family, reasons):
+    from tiny_models import COMMON, FAMILY_MODELS, TINY_MODELS
+
+    from converters.registry import get_converter
+    from engine_builder.runner.torch_backend.fused_decode import unsupported
+
+    config_cls, _, overrides = FAMILY_MODELS[family] if family in FAMILY_MODELS else TINY_MODELS[family]
+    hf = getattr(transformers, config_cls)(**(overrides if family in FAMILY_MODELS else {**COMMON, **overrides}))
+    cfg = get_converter(hf.model_type).config_from_hf(hf.to_dict())
+    assert unsupported(types.SimpleNamespace(cfg=cfg, tp=None)) == reasons
+    assert unsupported(types.SimpleNamespace(cfg=cfg, tp=object())).startswith("tensor parallel")
+
+
+if __name__ == "__main__":
+    child_main()
