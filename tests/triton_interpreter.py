@@ -18,11 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(script: str) -> dict:
-    """SCRIPT (a test file's __file__) run as a child under Triton's interpreter: the JSON line it printed last."""
+def run_interpreted(script: str, *args: str) -> dict:
+    """SCRIPT (a test file's __file__) run as a child under Triton's interpreter, ARGS its command line: the JSON line
+    it printed last."""
     path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -49,7 +50,7 @@ from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
 COMPILE_ENV = "TRTBUILD_TORCH_COMPILE"  # auto (on for CUDA) | on | off: the layers through torch.compile
-FUSED_ENV = "TRTBUILD_FUSED_DECODE"  # auto | off: steps of few tokens through fused_decode.py on CUDA
+FUSED_ENV = "TRTBUILD_FUSED_DECODE"  # auto (on for CUDA) | on | off: steps of few tokens through fused_decode.py
 
 
 class TorchRuntime(Backend):
@@ -124,12 +125,11 @@ class TorchRuntime(Backend):
 
             self.compiled = CompiledForward(self.model)
         # steps of few tokens on CUDA: the layers as six Triton launches each (fused_decode.py), where the layer is
-        # llama-shaped; the CPU has no Triton (the interpreter tests it)
+        # llama-shaped; on a CPU only when asked, under Triton's interpreter (its tests)
         self.fused = None
-        if self.device.type == "cuda" and environment.read(FUSED_ENV) == "auto":
-            from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
-
-            self.fused = FusedDecode(self.model) if unsupported(self.model) is None else None
+        fused_mode = environment.read(FUSED_ENV)
+        if fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda"):
+            self.fused = fused_decode(self.model, self.device)
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
@@ -335,3 +335,14 @@ def _image_runs(images: ImageEmbeds, num_tokens: int) -> np.ndarray:
     mask[images.token_index] = True
     starts = mask & ~np.r_[False, mask[:-1]]
     return np.where(mask, np.cumsum(starts), 0).astype(np.int64)
+
+
+def fused_decode(model: TorchDecoder, device: torch.device):
+    """fused_decode.py's model for steps of few tokens, or None where the model's layer is not llama-shaped. On a CPU
+    Triton runs only interpreted: an InputError naming TRITON_INTERPRET without it."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InputError(f"{FUSED_ENV}=on runs Triton kernels, which need a CUDA GPU (or TRITON_INTERPRET=1, Triton's "
+                         f"slow CPU interpreter, for tests); unset it on this {device.type} machine")
+    from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
+
+    return FusedDecode(model) if unsupported(model) is None else None

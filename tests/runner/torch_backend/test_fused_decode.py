@@ -1,11 +1,12 @@
 """fused_decode.py: the llama-shaped layer as six launches, against the model's own layer.
 
 Tiny random models of the families it takes (llama with llama3 rope, tied llama with head_dim 32, mistral's
-window, qwen2's qkv bias and window, phi3's partial longrope rotary), converted as `trtbuild convert` does, run on the CPU under Triton's
-interpreter (a child process: tests/triton_interpreter.py says why): a 12-token prefill, a ragged step of a second
-prompt beside the first one's decode, then decode steps, each through FusedDecode and through the model's layer on
-pools of their own. The logits agree to float rounding (in bfloat16 they were equal) and the greedy tokens are the
-same. The families it refuses say why. Runtime on 2 shared cores: about 60 s.
+window, qwen2's qkv bias and window, phi3's partial longrope rotary), converted as `trtbuild convert` does, run
+on the CPU under Triton's interpreter (a child process: tests/triton_interpreter.py says why): a 12-token prefill,
+a ragged step of a second prompt beside the first one's decode, then decode steps, each through FusedDecode and
+through the model's layer on pools of their own. The logits agree to float rounding (in bfloat16 they were equal)
+and the greedy tokens are the same. Through LLM the runtime sends its steps of few tokens there, with the same
+tokens and logprobs. The families it refuses say why. Runtime on 2 shared cores: about 60 s.
 """
 
 from __future__ import annotations
@@ -67,15 +68,90 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
     return {"worst_rel": worst, "tokens_equal": tokens["eager"] == tokens["fused"], "tokens": tokens["fused"]}
 
 
-def child_main() -> None:
-    from engine_builder.runner.torch_backend import decode_linear_triton as dl
+# through LLM: a batch of ragged prompts (a 26-token prefill, then steps of 3 tokens), seeded sampling with
+# logprobs, and ngram speculation (verify steps of k + 1 tokens) on a repetitive prompt
+LLM_PROMPTS = [[1, 5, 9, 33, 7], [1, 8, 100, *range(3, 19)], [1, 2]]
+REPEATS = [1, *[5, 6, 7, 8] * 4]
 
+
+def llm_case(engine: str) -> dict:
+    """The tiny engine through LLM(backend="torch") with TRTBUILD_FUSED_DECODE off, then on: what each generated,
+    and how many steps the fused model ran."""
+    import os
+
+    from engine_builder import LLM, SamplingParams
+
+    class Counting:
+        def __init__(self, model):
+            self.model, self.steps = model, 0
+
+        def __call__(self, *args, **kwargs):
+            self.steps += 1
+            return self.model(*args, **kwargs)
+
+    greedy = SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=0.0)
+    sampled = SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, seed=3, logprobs=2)
+    got = {}
+    for mode in ("off", "on"):
+        os.environ["TRTBUILD_FUSED_DECODE"] = mode
+        out, steps = {}, 0
+        for speculative in (None, "ngram"):
+            llm = LLM(engine, backend="torch", speculative=speculative)
+            fused = llm.backend.fused
+            assert (fused is not None) == (mode == "on"), mode
+            if fused is not None:
+                llm.backend.fused = Counting(fused)
+            if speculative is None:
+                out["greedy"] = [list(o.token_ids) for o in llm.generate(prompt_token_ids=LLM_PROMPTS, params=greedy)]
+                one = llm.generate(prompt_token_ids=LLM_PROMPTS[:1], params=sampled)[0]
+                out["sampled"] = [list(one.token_ids), [round(lp.logprob, 4) for lp in one.logprobs]]
+            else:
+                out["ngram"] = list(llm.generate(prompt_token_ids=[REPEATS], params=greedy)[0].token_ids)
+            steps += llm.backend.fused.steps if fused is not None else 0
+            llm.close()
+        got[mode] = {**out, "fused_steps": steps}
+    return got
+
+
+def child_main() -> None:
+    import json
+    import sys
+
+    from engine_builder.runner.torch_backend import decode_linear_triton as dl
+    from engine_builder.runner.torch_backend.paged_attention_triton import patch_triton_interpreter
+
+    if len(sys.argv) > 1:  # an engine dir: the LLM case
+        patch_triton_interpreter()
+        print(json.dumps(llm_case(sys.argv[1])))
+        return
     report_cases(dl._decode_linear_kernel, CASES, run_case)
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     return run_interpreted(__file__)
+
+
+def test_llm_steps_through_the_fused_layers_with_the_same_tokens_in_interpreter(tiny_engine):
+    """The runtime's dispatch (run_model): steps of at most 16 tokens through the fused model, the rest through the
+    model; greedy, seeded sampling and ngram speculation give what they give without it."""
+    engine, _ = tiny_engine("llama")
+    got = run_interpreted(__file__, str(engine))
+    # at least: the batch's 7 decode steps, the sampled prompt's 5-token prefill and its 7 decode steps (the 26- and
+    # 17-token prefills run the model; the verify steps, fused too, depend on the drafts)
+    assert got["off"]["fused_steps"] == 0 and got["on"]["fused_steps"] >= 7 + 1 + 7, got
+    for key in ("greedy", "sampled", "ngram"):
+        assert got["on"][key] == got["off"][key], key
+
+
+def test_on_needs_a_gpu_or_the_interpreter(tiny_engine, monkeypatch):
+    from engine_builder import LLM
+    from engine_builder.util.errors import InputError
+
+    monkeypatch.setenv("TRTBUILD_FUSED_DECODE", "on")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(InputError, match="TRTBUILD_FUSED_DECODE=on runs Triton kernels, which need a CUDA GPU"):
+        LLM(tiny_engine("llama")[0], backend="torch")
 
 
 @pytest.mark.parametrize("name", list(CASES))
