@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu_decode.py [--shapes smollm2 llama3-8b] [--runs 3] [--new-tokens 128]
                                      [--batch 1 64] [--serve 256] [--serve-len 128 ...] [--skip hf ...]
-                                     [--inductor KEY=VALUE ...] [--work /tmp/gpu-bench] [--json PATH]
+                                     [--inductor KEY=VALUE ...] [--unfused] [--work /tmp/gpu-bench] [--json PATH]
 
 Per shape, with seeded random bf16 weights (no real 8B weights reach the GPU machine): a Hugging Face dir of
 that shape is written, taken through our own `convert` and `build` (onnxruntime target: every engine dir
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -76,8 +77,10 @@ def sync() -> None:
 
 
 def environment() -> dict:
+    switches = {k: v for k, v in os.environ.items() if k.startswith("TRTBUILD_")}  # e.g. TRTBUILD_FUSED_DECODE
     if DEVICE != "cuda":
-        return {"gpu": None, "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return {"gpu": None, "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "trtbuild_env": switches}
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     import transformers
@@ -85,7 +88,8 @@ def environment() -> dict:
 
     return {"gpu": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "trtbuild_env": switches}
 
 
 def inductor_options(pairs: list[str]) -> dict:
@@ -350,6 +354,8 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], help="hf, ours, hf-eager-batch, hf-static")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     ap.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE", help="torch._inductor.config values")
+    ap.add_argument("--unfused", action="store_true",
+                    help="ours again with TRTBUILD_FUSED_DECODE=off (no serving): the fused decode layer's A/B")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     inductor_options(args.inductor)
@@ -377,6 +383,12 @@ def main() -> None:
                 shutil.rmtree(hf_dir)
             row["ours"] = {}
             ours(engine, args, dims["vocab_size"], row["ours"], save)
+            if args.unfused:  # the same engine, steps of few tokens through the compiled layer (fused_decode.py)
+                os.environ["TRTBUILD_FUSED_DECODE"] = "off"
+                row["ours_unfused"] = {}
+                ours(engine, argparse.Namespace(**{**vars(args), "serve": 0}), dims["vocab_size"],
+                     row["ours_unfused"], save)
+                del os.environ["TRTBUILD_FUSED_DECODE"]
             if "hf" in row:  # bf16 both: the same tokens until a near tie of the random model rounds apart
                 a, b = row["ours"]["greedy_32"], row["hf"]["greedy_32"]
                 row["greedy_tokens_equal_hf"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
@@ -396,11 +408,14 @@ def main() -> None:
     print("\nshape      | ours b1 (async) | HF eager b1 | HF static b1 | ours b64 (async) | HF static b64 | ceiling b1 "
           "| ttft 1024 ms")
     for shape in args.shapes:
-        r, o, h = result[shape], result[shape].get("ours", {}), result[shape].get("hf", {})
-        print(f"{shape:10} | {o.get('decode_b1_tok_s')} ({o.get('async_decode_b1_tok_s')}) | {h.get('eager_b1_tok_s')} "
-              f"| {h.get('static_b1_tok_s')} | {o.get('decode_b64_tok_s')} ({o.get('async_decode_b64_tok_s')}) | "
-              f"{h.get('static_b64_tok_s')} | {r['ceiling_b1_tok_s']} | {o.get('ttft_1024_ms')} "
-              f"(HF prefill {h.get('prefill_1024_ms')})")
+        r, h = result[shape], result[shape].get("hf", {})
+        for name, o in (("", r.get("ours", {})), (" unfused", r.get("ours_unfused"))):
+            if o is None:
+                continue
+            print(f"{shape + name:10} | {o.get('decode_b1_tok_s')} ({o.get('async_decode_b1_tok_s')}) | "
+                  f"{h.get('eager_b1_tok_s')} | {h.get('static_b1_tok_s')} | {o.get('decode_b64_tok_s')} "
+                  f"({o.get('async_decode_b64_tok_s')}) | {h.get('static_b64_tok_s')} | {r['ceiling_b1_tok_s']} | "
+                  f"{o.get('ttft_1024_ms')} (HF prefill {h.get('prefill_1024_ms')})")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 # The machine's torch 2.11 + CUDA 13 and Triton are used as found; the wheels it lacks (onnx-ir>=1.1, llguidance,
 # gguf, onnxruntime>=1.31) sit in .whl/ (pip download ... -d .whl, see /work/.library/device/README.md) and go
 # to /tmp/site first.
-# TRTBUILD_FUSED_DECODE=off OUT=<dir> before it: the same parts with steps of few tokens through the compiled layer
-# rather than fused_decode.py's six launches (the A/B of that layer; its env var reaches every part).
+# The fused decode layer's A/B: SMOLLM2_ARGS=--unfused (or LLAMA8B_ARGS) runs ours a second time with steps of few
+# tokens through the compiled layer, in the same process; TRTBUILD_FUSED_DECODE=off OUT=<dir> before the script
+# turns it off for every part.
 # BASE=<commit>: the parts again (tests excepted) on that commit's engine_builder/, logs under $OUT/base: a paired
 # A/B on one machine, whose speed drifts between calls; engine_builder/ is back at HEAD after.
 # TRTBUILD_MEMORY_GB: the host-RAM plan is the CPU twin's (formats/memory_plan.py); the torch backend's KV and
