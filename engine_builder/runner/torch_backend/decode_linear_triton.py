@@ -13,7 +13,8 @@ act * up], [down].
 For the few tokens of a decode step (M <= tunables.DECODE_LINEAR_MAX_TOKENS): program n holds output columns
 [n * BLOCK_N, ...) for every row, streams its slice of W once over K, and multiplies on the tensor cores with the
 rows padded to 16 (M=1 wastes compute, which a decode step has to spare; the bytes of W are the cost). The norm
-needs each row's mean square first, so a program reads its rows twice (K values each, from L2: nothing beside W).
+needs each row's mean square first, so a program reads its rows twice (K values each, from L2: nothing beside W);
+the first program writes the new stream in that first pass.
 
 Rounding as transformers' eager modules round, so the float32 CPU path and a 16-bit GPU agree to the products' sum
 order: the residual sum to the model dtype; llama's RMSNorm (x * rsqrt(mean(x^2) + eps)) to the model dtype, then
@@ -57,12 +58,16 @@ def _decode_linear_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    if NORM:  # each row's mean square over the whole of K first: the scale of every product below
+    if NORM or RESIDUAL:  # a first pass over K: each row's mean square (the scale of every product below), and
+        # the new stream, written once (here, so the loop of W's loads below holds nothing else)
         sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
-            a = _stream_tile(x_ptr, r_ptr, offs_m, kk, m_ok[:, None] & (kk < K)[None, :], stride_xm, stride_rm,
-                             RESIDUAL)
+            a_mask = m_ok[:, None] & (kk < K)[None, :]
+            a = _stream_tile(x_ptr, r_ptr, offs_m, kk, a_mask, stride_xm, stride_rm, RESIDUAL)
+            if RESIDUAL:
+                if pid == 0:
+                    tl.store(s_ptr + offs_m[:, None] * stride_sm + kk[None, :], a.to(dtype), mask=a_mask)
             sumsq += tl.sum(a * a, axis=1)
         rstd = 1.0 / tl.sqrt(sumsq / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -70,21 +75,17 @@ def _decode_linear_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         k_ok = kk < K
-        a_mask = m_ok[:, None] & k_ok[None, :]
-        a = _stream_tile(x_ptr, r_ptr, offs_m, kk, a_mask, stride_xm, stride_rm, RESIDUAL)
-        if RESIDUAL:
-            if pid == 0:  # the new stream, written once
-                tl.store(s_ptr + offs_m[:, None] * stride_sm + kk[None, :], a.to(dtype), mask=a_mask)
+        a = _stream_tile(x_ptr, r_ptr, offs_m, kk, m_ok[:, None] & k_ok[None, :], stride_xm, stride_rm, RESIDUAL)
         if NORM:  # llama: normalized, back to the model dtype, times the weight (rounded)
             g = tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             a = (a * rstd[:, None]).to(dtype).to(tl.float32) * g[None, :]
         a = a.to(dtype)
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        w_mask = n_ok[None, :] & k_ok[:, None]
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + kk[:, None], mask=w_mask, other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if GATED:  # up's rows follow gate's: [gate; up] is one weight (layers.DenseMlpWeights)
-            w = tl.load(w_ptr + (offs_n[:, None] + N) * stride_wn + kk[None, :], mask=w_mask, other=0.0)
-            acc_up = tl.dot(a, tl.trans(w), acc_up, input_precision=PRECISION)
+            w = tl.load(w_ptr + (offs_n[None, :] + N) * stride_wn + kk[:, None], mask=w_mask, other=0.0)
+            acc_up = tl.dot(a, w, acc_up, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if GATED:

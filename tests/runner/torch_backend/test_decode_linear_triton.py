@@ -135,7 +135,9 @@ def test_refuses_more_rows_than_the_tensor_cores_tile():
 ], ids=["qkv_gated_bias_bf16", "plain_bf16", "norm_f16"])
 def test_builds_for_hopper(const):
     """The interpreter takes what the GPU compiler may refuse (types, shapes, a dot's operands): each fused variant
-    must build for sm_90 with a tensor-core dot."""
+    must build for sm_90 with a tensor-core dot, and with W's loads pipelined (cp.async into num_stages buffers:
+    a decode step's linear is W's bytes streaming) given the 16-byte alignment the JIT sees in torch's tensors
+    (without it Triton leaves the loads unpipelined)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -146,10 +148,13 @@ def test_builds_for_hopper(const):
     const.update(PRECISION="tf32", BLOCK_M=dl.BLOCK_M)
     sig = {n: "constexpr" if n in const else "*" + dtype if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+               if n.endswith("_ptr") or n in ("N", "K") or n.startswith("stride")}
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=aligned), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 4, "num_stages": 3})
     assert kernel.asm["cubin"], "no cubin"
     assert "mma.sync" in kernel.asm["ptx"], "the dot did not lower to the tensor cores"
+    assert "cp.async" in kernel.asm["ptx"], "W's loads are not pipelined"
 
 
 if __name__ == "__main__":
