@@ -34,8 +34,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the torch backend's layers through torch.compile: auto is on for a CUDA GPU, off on a CPU"),
     Variable("TRTBUILD_FUSED_DECODE", ("auto", "on", "off"), "auto",
              "the torch backend's steps of few tokens: auto runs a llama-shaped layer as six Triton launches on a "
-             "CUDA GPU (fused_decode.py), on also on a CPU under Triton's interpreter (TRITON_INTERPRET=1: tests), "
-             "off through the compiled layer"),
+             "CUDA GPU where a trial step says it is faster (fused_decode.py), on without the trial and also on a "
+             "CPU under Triton's interpreter (TRITON_INTERPRET=1: tests), off through the compiled layer"),
     Variable("TRTBUILD_DIST_BACKEND", ("auto", "gloo", "nccl"), "auto",
              "the collectives of tp/pp ranks: auto is NCCL when every local rank has a GPU, else gloo"),
     Variable("TRTBUILD_MEMORY_GB", None, None,

@@ -178,6 +178,20 @@ class StepGraphs:
     def run(self, batch: ModelInput, key: tuple[str, int]) -> torch.Tensor:
         return self._graph(key).run(batch, self.backend.kv.block_table[batch.slots])
 
+    def replay_ms(self, rows: int = 1, replays: int = 20) -> float:
+        """A decode step of ROWS padding rows (the weights' work; no context is read) captured as a graph of its own,
+        then replayed: the median milliseconds of a replay. The graph is dropped: a trial, not a bucket."""
+        graph = _Graph(self.backend, rows, rows, 1, self._pool)
+        times = []
+        for _ in range(replays + 3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times[3:]))  # the first replays warm the caches
+
     def capture_all(self) -> float:
         """Capture every bucket now (a server's warm-up, before requests arrive); the seconds capturing took."""
         for key in [("decode", b) for b in self.sizes] + [("prefill", t) for t in self.prefill_sizes]:

@@ -130,6 +130,10 @@ class TorchRuntime(Backend):
         fused_mode = environment.read(FUSED_ENV)
         if fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda"):
             self.fused = fused_decode(self.model, self.device)
+        # auto: kept only where a one-token step replays faster than the compiled layer's (settle_fused, before the
+        # first graph); the trial's figures once it ran
+        self._fused_untried = fused_mode == "auto" and self.fused is not None
+        self.fused_trial: dict | None = None
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
@@ -211,6 +215,7 @@ class TorchRuntime(Backend):
             torch.set_num_threads(1)
         key = self._graphs.bucket(batch) if self._graphs is not None and batch.images is None else None
         if key is not None:
+            self.settle_fused()
             return self._graphs.run(batch, key)
         return self._eager(batch)
 
@@ -286,12 +291,34 @@ class TorchRuntime(Backend):
         for query in sorted(queries):
             for blocks in sorted({-(-query // self.layout.block_size), width}):  # a short and the longest table
                 self._scratch_step(query, blocks)
+        trial = self.settle_fused()
+        if progress is not None and trial:
+            progress(f"fused decode layer: {trial['fused_ms']} ms a one-token step, compiled {trial['compiled_ms']} "
+                     f"ms: {'kept' if trial['kept'] else 'dropped'}")
         capture = self._graphs.capture_all() if self._graphs is not None else 0.0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         compile_s = (self.compiled.seconds if self.compiled is not None else 0.0) - compile_before
         return WarmUp(time.perf_counter() - started, compile_s, capture,
                       self._graphs.count if self._graphs is not None else 0)
+
+    def settle_fused(self) -> dict | None:
+        """TRTBUILD_FUSED_DECODE=auto on CUDA: a one-token decode step captured with the fused layers and with the
+        compiled ones, each replayed; the fused model stays only if it is the faster (a model and GPU where cuBLAS
+        streams the weights faster than the Triton kernel keeps cuBLAS). Once, before the first graph; the trial's
+        figures, or None where there is nothing to try."""
+        if not self._fused_untried:
+            return self.fused_trial
+        self._fused_untried = False
+        fused = self.fused
+        self.fused = None
+        compiled_ms = self._graphs.replay_ms()
+        self.fused = fused
+        fused_ms = self._graphs.replay_ms()
+        kept = fused_ms <= compiled_ms
+        self.fused = fused if kept else None
+        self.fused_trial = {"fused_ms": round(fused_ms, 4), "compiled_ms": round(compiled_ms, 4), "kept": kept}
+        return self.fused_trial
 
     def _scratch_step(self, query: int, blocks: int) -> None:
         """One sequence of QUERY new tokens at positions 0.., its block table BLOCKS scratch blocks wide."""

@@ -144,6 +144,25 @@ def test_llm_steps_through_the_fused_layers_with_the_same_tokens_in_interpreter(
         assert got["on"][key] == got["off"][key], key
 
 
+def test_auto_keeps_the_faster_way_on_cuda(tiny_engine, monkeypatch):
+    """The warm-up's trial: a one-token step replayed with the fused layers and with the model's; the faster stays."""
+    import torch
+
+    from engine_builder import LLM
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the trial replays CUDA graphs)")
+    monkeypatch.setenv("TRTBUILD_FUSED_DECODE", "auto")
+    llm = LLM(tiny_engine("llama")[0], backend="torch")
+    try:
+        llm.warm_up()
+        trial = llm.backend.fused_trial
+        assert trial["fused_ms"] > 0 and trial["compiled_ms"] > 0, trial
+        assert trial["kept"] == (trial["fused_ms"] <= trial["compiled_ms"]) == (llm.backend.fused is not None), trial
+    finally:
+        llm.close()
+
+
 def test_on_needs_a_gpu_or_the_interpreter(tiny_engine, monkeypatch):
     from engine_builder import LLM
     from engine_builder.util.errors import InputError
