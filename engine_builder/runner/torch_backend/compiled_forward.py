@@ -33,20 +33,22 @@ _KV_WRITE: dict[str, Callable[..., torch.Tensor]] = {}
 
 @torch.library.custom_op("trtbuild::kv_attention", mutates_args=("k_pool", "v_pool"))
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
-                 sin: torch.Tensor | None, interleaved: bool, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 sin: torch.Tensor | None, interleaved: bool, q_norm: torch.Tensor | None,
+                 k_norm: torch.Tensor | None, norm_eps: float, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slots: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                  query_start: torch.Tensor, scale: float, softcap: float | None,
                  sliding_window: int | None) -> torch.Tensor:
-    """The model's kv_write (rotary of q and k, the pool write), then each sequence's queries attending to its pool
-    blocks: [T, heads, head_dim]."""
-    q = _KV_WRITE[q.device.type](q, k, v, cos, sin, k_pool, v_pool, slots, interleaved=interleaved)
+    """The model's kv_write (q/k norms, rotary of q and k, the pool write), then each sequence's queries attending to
+    its pool blocks: [T, heads, head_dim]."""
+    q = _KV_WRITE[q.device.type](q, k, v, cos, sin, k_pool, v_pool, slots, interleaved=interleaved, q_norm=q_norm,
+                                 k_norm=k_norm, norm_eps=norm_eps)
     return _ATTENTION[q.device.type](q, k_pool, v_pool, block_tables, context_lens, query_start, scale=scale,
                                      softcap=softcap, sliding_window=sliding_window)  # a new tensor: no alias
 
 
 @kv_attention.register_fake
-def _(q, k, v, cos, sin, interleaved, k_pool, v_pool, slots, block_tables, context_lens, query_start, scale, softcap,
-      sliding_window):
+def _(q, k, v, cos, sin, interleaved, q_norm, k_norm, norm_eps, k_pool, v_pool, slots, block_tables, context_lens,
+      query_start, scale, softcap, sliding_window):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

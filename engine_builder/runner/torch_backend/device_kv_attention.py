@@ -7,9 +7,9 @@ its pool blocks in order (the PagedKVCacheManager's table, runner/kv/paged_kv_ca
 the last positions of the context_lens[i] that sequence holds once they are written.
 
     write_kv              the step's keys/values into their pool slots (block * block_size + offset)
-    rotary_write_ref      a layer's rotary of q and k, then write_kv: what the model does between its qkv
-                          projection and attention, and the oracle of the Triton kernel that does it in one
-                          launch (rotary_kv_write_triton.py)
+    rotary_write_ref      a layer's q/k norms (qwen3) and rotary of q and k, then write_kv: what the model
+                          does between its qkv projection and attention, and the oracle of the Triton kernel
+                          that does it in one launch (rotary_kv_write_triton.py)
     paged_attention_ref   every query attends to its own sequence's positions up to its own (causal),
                           and within sliding_window of it when given (transformers' rule: q - k < window);
                           gather, then per sequence torch SDPA (a lone query, or soft-capped scores: two
@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine_builder.formats.model_config import NormSpec
+from engine_builder.runner.torch_backend.layers import NormWeights, norm
 from engine_builder.runner.torch_backend.rope_tables import apply_rotary
 
 
@@ -47,9 +49,14 @@ def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k:
 
 def rotary_write_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
                      sin: torch.Tensor | None, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, *,
-                     interleaved: bool) -> torch.Tensor:
+                     interleaved: bool, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                     norm_eps: float = 0.0) -> torch.Tensor:
     """q [T, heads, head_dim], k, v [T, kv_heads, head_dim]; cos, sin [T, 1, rot_dim] (RotaryTable.cos_sin; None: no
-    rotary) -> q rotated; k rotated and v written into the pools at slots."""
+    rotary) -> q rotated; k rotated and v written into the pools at slots. Q_NORM, K_NORM [head_dim]: each head of q
+    and k first through llama's RMSNorm with these weights (qwen3's q/k norms)."""
+    if q_norm is not None and k_norm is not None:
+        spec = NormSpec(eps=norm_eps)
+        q, k = norm(q, NormWeights(q_norm), spec), norm(k, NormWeights(k_norm), spec)
     if cos is not None and sin is not None:
         q, k = apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
     write_kv(k_pool, v_pool, slots, k, v)

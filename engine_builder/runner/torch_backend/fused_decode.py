@@ -7,9 +7,9 @@ and the head as one more ([add + final norm + lm_head]). The same deferred resid
 takes the stream and the last layer's branch and returns its own pair (model.py _decoder_layer).
 
 Only the llama-shaped layer, which every model that decodes launch-bound on a GPU here has (SmolLM2, Llama 3,
-Mistral, Qwen 2): RMSNorm without an offset, a sequential residual without sandwich norms, no q/k norms, a dense
-gated silu MLP, no logit softcap, one rank. `unsupported` names what a model has beyond that; it then runs the
-compiled layer for every step, as before.
+Mistral, Qwen 2 and 3): RMSNorm without an offset, a sequential residual without sandwich norms, a dense gated
+silu MLP, no final logit softcap, one rank (Qwen 3's q/k norms are the KV write's). `unsupported` names what a
+model has beyond that; it then runs the compiled layer for every step, as before.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ def unsupported(model) -> str | None:
         "a norm weight offset (gemma)": bool(spec.norm.weight_offset),
         f"the {spec.residual.layout} residual": spec.residual.layout != "sequential",
         "sandwich norms": spec.residual.post_attention_norm or spec.residual.post_mlp_norm,
-        "q/k norms": spec.attention.qk_norm,
         f"the {spec.mlp.kind} {spec.mlp.activation} MLP": spec.mlp.kind != "gated" or spec.mlp.activation != "silu",
         "a final logit softcap": bool(cfg.final_logit_softcap),
     }

@@ -72,11 +72,13 @@ class AttentionFn(Protocol):
 
 
 class KVWriteFn(Protocol):
-    """rotary_write_ref's signature: rotate q and k, write k and v into the pools; returns the rotated q."""
+    """rotary_write_ref's signature: norm (qwen3) and rotate q and k, write k and v into the pools; returns the
+    rotated q."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
                  sin: torch.Tensor | None, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, *,
-                 interleaved: bool) -> torch.Tensor: ...
+                 interleaved: bool, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                 norm_eps: float = 0.0) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -298,15 +300,22 @@ class TorchDecoder:
         q = q.unflatten(-1, (cfg.num_heads, cfg.head_dim))  # [T, heads, head_dim]
         k = k.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))  # [T, kv_heads, head_dim]
         v = v.unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
+        q_norm = k_norm = None
         if w.q_norm is not None and w.k_norm is not None:  # qwen3, gemma3: per-head norm before rotary
-            q, k = norm(q, w.q_norm, cfg.block.norm), norm(k, w.k_norm, cfg.block.norm)
+            if cfg.block.norm.weight_offset:  # gemma3's (1 + w) in float32: here
+                q, k = norm(q, w.q_norm, cfg.block.norm), norm(k, w.k_norm, cfg.block.norm)
+            else:  # llama's RMSNorm (qwen3): in the KV write, which rotates and writes the normed heads
+                q_norm, k_norm = w.q_norm.weight, w.k_norm.weight
         cos, sin = cos_sin if table is not None and cos_sin is not None else (None, None)
         interleaved = table is not None and table.interleaved
         scale = spec.scale if spec.scale is not None else cfg.head_dim ** -0.5
+        eps = cfg.block.norm.eps
         if self.kv_attention is not None and image_ids is None:  # rotary + write + attend: one op (compiled_forward)
-            return self.kv_attention(q, k, v, cos, sin, interleaved, k_pool, v_pool, kv.slots, kv.block_tables,
-                                     kv.context_lens, kv.query_start, scale, spec.logit_softcap, window)
-        q = self.kv_write(q, k, v, cos, sin, k_pool, v_pool, kv.slots, interleaved=interleaved)
+            return self.kv_attention(q, k, v, cos, sin, interleaved, q_norm, k_norm, eps, k_pool, v_pool, kv.slots,
+                                     kv.block_tables, kv.context_lens, kv.query_start, scale, spec.logit_softcap,
+                                     window)
+        q = self.kv_write(q, k, v, cos, sin, k_pool, v_pool, kv.slots, interleaved=interleaved, q_norm=q_norm,
+                          k_norm=k_norm, norm_eps=eps)
         return self.attention(q, k_pool, v_pool, kv.block_tables, kv.context_lens, kv.query_start, scale=scale,
                               softcap=spec.logit_softcap, sliding_window=window, image_ids=image_ids)
 

@@ -110,7 +110,8 @@ def test_only_decode_steps_and_lone_short_prefills_take_a_graph():
     assert [step_bucket(b, sizes, prefills) for b in (every, too_long, two)] == [None, None, None]
 
 
-def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: its q/k norms inside the opaque op
+def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch, arch):
     """torch.compile over each layer and the head (the KV write + attention one opaque op, the pools mutated in place):
     a prefill and a padded decode bucket give the eager steps' logits, and the pools hold what eager steps wrote."""
     from torch._dynamo.utils import counters
@@ -118,7 +119,7 @@ def test_compiled_steps_give_the_eager_logits(tiny_engine, monkeypatch):
     monkeypatch.setenv("TRTBUILD_TORCH_COMPILE", "on")
     torch._dynamo.reset()
     counters.clear()
-    engine, _ = tiny_engine("llama", Limits(max_batch=4, max_input_len=32, max_seq_len=96))
+    engine, _ = tiny_engine(arch, Limits(max_batch=4, max_input_len=32, max_seq_len=96))
     backend = TorchRuntime(EngineDir.load(engine), kv_cache_memory=1 << 22)
     compiled = backend.compiled
 

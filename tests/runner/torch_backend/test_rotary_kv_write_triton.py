@@ -26,7 +26,13 @@ CASES: dict[str, dict] = {
     "partial_6:2_d80_bf16_rot32_flat_cos": dict(h=6, kv=2, d=80, rot=32, interleaved=False, dtype="bfloat16", t=7,
                                                 fused=True, flat=True),
     "halves_8:2_d128_f16": dict(h=8, kv=2, d=128, rot=128, interleaved=False, dtype="float16", t=4, fused=True),
+    # qwen3's q/k norms before the rotation
+    "normed_halves_16:8_d128_bf16": dict(h=16, kv=8, d=128, rot=128, interleaved=False, dtype="bfloat16", t=3,
+                                         fused=True, norm=True),
+    "normed_partial_4:2_d80_f32_rot32": dict(h=4, kv=2, d=80, rot=32, interleaved=False, dtype="float32", t=4,
+                                             norm=True),
 }
+EPS = 1e-6
 BLOCK_SIZE = 16
 
 
@@ -54,6 +60,9 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
     q, k, v = fused.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k, v = q.unflatten(-1, (heads, head_dim)), k.unflatten(-1, (kv_heads, head_dim)), \
         v.unflatten(-1, (kv_heads, head_dim))
+    # qwen3: per-head weights around 1 (its checkpoints' q/k norm weights are O(1))
+    norms = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype) for _ in range(2)] if spec.get("norm") else \
+        [None, None]
     angles = torch.rand(tokens, 1, rot, generator=gen) * 6.3
     cos, sin = (angles.cos().to(dtype), angles.sin().to(dtype)) if rot else (None, None)
     num_blocks = -(-tokens // BLOCK_SIZE) + 3
@@ -70,8 +79,9 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
                                                                 kv_heads * head_dim], dim=-1)]
     # the model's cos/sin are cos_sin's [tokens, 1, rot]; the kernel also takes them flat
     flat = (cos_d[:, 0], sin_d[:, 0]) if rot and spec.get("flat") else (cos_d, sin_d)
-    got_q = rotary_write_triton(*views, *flat, k_pool, v_pool, slots_d, interleaved=spec["interleaved"])
-    ref_q = rotary_write_ref(*views, cos_d, sin_d, k_ref, v_ref, slots_d, interleaved=spec["interleaved"])
+    normed = dict(q_norm=on(norms[0]), k_norm=on(norms[1]), norm_eps=EPS)
+    got_q = rotary_write_triton(*views, *flat, k_pool, v_pool, slots_d, interleaved=spec["interleaved"], **normed)
+    ref_q = rotary_write_ref(*views, cos_d, sin_d, k_ref, v_ref, slots_d, interleaved=spec["interleaved"], **normed)
 
     def ulps(got, want64):
         """|got - want| over the spacing of the dtype at want: a correctly rounded result is within 0.5."""
@@ -85,6 +95,11 @@ def run_case(spec: dict, seed: int, device: str = "cpu") -> dict:
     k_slots, v_slots = (p.view(-1, kv_heads, head_dim).cpu() for p in (k_pool, v_pool))
     untouched = torch.ones(num_blocks * BLOCK_SIZE, dtype=torch.bool)
     untouched[slots] = False
+    if spec.get("norm"):  # the oracle rotates the heads as llama's RMSNorm rounds them to the dtype
+        from engine_builder.formats.model_config import NormSpec
+        from engine_builder.runner.torch_backend.layers import NormWeights, norm
+
+        q, k = (norm(x, NormWeights(w), NormSpec(eps=EPS)) for x, w in ((q, norms[0]), (k, norms[1])))
     q64, k64 = _rotate64(q, cos, sin, spec["interleaved"]), _rotate64(k, cos, sin, spec["interleaved"])
     return {
         "q_ulps": ulps(got_q, q64), "k_ulps": ulps(k_slots[slots], k64),
@@ -140,10 +155,11 @@ def test_matches_exact_rotary_on_cuda(name):
 
 
 @pytest.mark.parametrize("const", [
-    dict(dtype="bf16", HEADS=9, HEAD_DIM=64, ROT_DIM=64, INTERLEAVED=False),
-    dict(dtype="bf16", HEADS=32, HEAD_DIM=128, ROT_DIM=64, INTERLEAVED=True),
-    dict(dtype="fp32", HEADS=4, HEAD_DIM=80, ROT_DIM=0, INTERLEAVED=False),
-], ids=["halves_d64", "pairs_partial_d128", "none_d80_f32"])
+    dict(dtype="bf16", HEADS=9, HEAD_DIM=64, ROT_DIM=64, INTERLEAVED=False, NORM=False),
+    dict(dtype="bf16", HEADS=32, HEAD_DIM=128, ROT_DIM=64, INTERLEAVED=True, NORM=False),
+    dict(dtype="fp32", HEADS=4, HEAD_DIM=80, ROT_DIM=0, INTERLEAVED=False, NORM=False),
+    dict(dtype="bf16", HEADS=16, HEAD_DIM=128, ROT_DIM=128, INTERLEAVED=False, NORM=True),
+], ids=["halves_d64", "pairs_partial_d128", "none_d80_f32", "normed_halves_d128"])
 def test_builds_for_hopper(const):
     """The interpreter takes what the GPU compiler may refuse (types, shapes): the kernel must build for sm_90."""
     from triton.backends.compiler import GPUTarget
@@ -155,7 +171,7 @@ def test_builds_for_hopper(const):
     dtype = const.pop("dtype")
     const["HEAD_DIM_PAD"] = triton.next_power_of_2(const["HEAD_DIM"])
     sig = {n: "constexpr" if n in const else "*i64" if n == "slots_ptr" else "*" + dtype if n.endswith("_ptr")
-           else "i32" for n in fn.arg_names}
+           else "fp32" if n == "eps" else "i32" for n in fn.arg_names}
     kernel = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 1})
     assert kernel.asm["cubin"], "no cubin"
