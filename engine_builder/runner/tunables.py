@@ -72,6 +72,7 @@ KERNEL_SPLIT_COUNTERS = 1 << 16
 
 # --- the fused decode layer (runner/torch_backend/fused_decode.py, decode_linear_triton.py) -----------------------
 
-# a CUDA step of at most this many tokens runs each layer as six Triton launches (at most the kernel's 16 rows):
-# weight-bound, where more tokens are the tensor cores' work and cuBLAS's
-FUSED_DECODE_MAX_TOKENS = 16
+# a CUDA step of at most this many tokens may run each layer as six Triton launches (at most the kernel's 64
+# rows): weight-bound, where more tokens are the tensor cores' work and cuBLAS's. The warm-up's trial keeps it up to
+# 16 or up to this, or not at all (runtime.py settle_fused)
+FUSED_DECODE_MAX_TOKENS = 64

@@ -10,9 +10,10 @@ act * up], [down].
     y = linear(norm(x + r), W, b)       (NORM, RESIDUAL; s = x + r is also written: the stream)
     y = act(gate) * up                  (GATED: gate, up = the two halves of W's rows, as layers.gated_mlp)
 
-For the few tokens of a decode step (M <= tunables.DECODE_LINEAR_MAX_TOKENS): program n holds output columns
-[n * BLOCK_N, ...) for every row, streams its slice of W once over K, and multiplies on the tensor cores with the
-rows padded to 16 (M=1 wastes compute, which a decode step has to spare; the bytes of W are the cost). The norm
+For the few tokens of a decode step (M <= MAX_ROWS): program n holds output columns [n * BLOCK_N, ...) for every
+row, streams its slice of W once over K, and multiplies on the tensor cores with the rows padded to 16 (mma), or
+to 64 past 16 rows (Hopper's wgmma): M=1 wastes compute, which a decode step has to spare; the bytes of W are the
+cost. The norm
 needs each row's mean square first, so a program reads its rows twice (K values each, from L2: nothing beside W);
 the first program writes the new stream in that first pass.
 
@@ -22,8 +23,8 @@ times the weight, rounded; the linear's float32 sum plus bias rounded once (cuBL
 rounded, silu(gate) rounded, the product rounded.
 
 CUDA-graph capturable: the grid is host ints from the shapes, nothing is read back. On CUDA the block sizes are
-Triton's autotune over a few configs (keyed by N, K: every decode bucket shares them), which runs at the first
-call of each shape: LLM.warm_up's one-token step, before any capture.
+Triton's autotune over a few configs (keyed by N, K and the padded rows: the decode buckets of each padding share
+them), which runs at the first call of each shape: LLM.warm_up's steps, before any capture.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 16  # the rows padded to the tensor cores' smallest M; tunables.DECODE_LINEAR_MAX_TOKENS is at most this
+MAX_ROWS = 64  # rows a call takes at most (tunables.FUSED_DECODE_MAX_TOKENS is at most this)
+
+
+def padded_rows(rows: int) -> int:
+    """The tile's rows: mma's 16, or wgmma's 64 past that."""
+    return 16 if rows <= 16 else 64
 
 
 @triton.jit
@@ -101,7 +107,7 @@ def _decode_linear_kernel(
 # memory-bound: enough W bytes in flight per multiprocessor (BLOCK_N x BLOCK_K x stages) and enough programs
 _CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=4, num_stages=stages)
             for n, k, stages in ((16, 128, 4), (16, 256, 3), (32, 128, 4), (32, 256, 3), (64, 128, 3), (64, 64, 4))]
-_tuned = triton.autotune(_CONFIGS, key=["N", "K", "NORM", "GATED"])(_decode_linear_kernel)
+_tuned = triton.autotune(_CONFIGS, key=["N", "K", "NORM", "GATED", "BLOCK_M"])(_decode_linear_kernel)
 # what the interpreter (Triton's CPU checks) and a CPU run take: autotune would time every config there
 _UNTUNED = {"BLOCK_N": 32, "BLOCK_K": 64}
 
@@ -109,15 +115,15 @@ _UNTUNED = {"BLOCK_N": 32, "BLOCK_K": 64}
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                   eps: float = 1e-6, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [M, K] (M <= 16), weight [N_w, K] (rows contiguous), bias [N_w] -> (y, s):
+    """x [M, K] (M <= MAX_ROWS), weight [N_w, K] (rows contiguous), bias [N_w] -> (y, s):
 
     s = x + residual (the new stream, [M, K]) where RESIDUAL is given, else None;
     h = rmsnorm(s or x) * norm_weight (llama's) where NORM_WEIGHT is given, else s or x;
     y = h @ weight.T + bias [M, N_w], or GATED: silu(gate) * up [M, N_w / 2] of its two halves.
     Every output a new tensor in x's dtype."""
     rows, k = x.shape
-    if rows > BLOCK_M:
-        raise ValueError(f"decode_linear takes at most {BLOCK_M} rows, got {rows}")
+    if rows > MAX_ROWS:
+        raise ValueError(f"decode_linear takes at most {MAX_ROWS} rows, got {rows}")
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
@@ -133,7 +139,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     args = (x, r, s if s is not None else x, g, weight, b, y, rows, n, k, x.stride(0), r.stride(0),
             s.stride(0) if s is not None else 0, weight.stride(0), y.stride(0), eps)
     flags = dict(NORM=norm_weight is not None, RESIDUAL=residual is not None, GATED=gated, HAS_BIAS=bias is not None,
-                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M)
+                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=padded_rows(rows))
     if x.device.type == "cuda":
         _tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:

@@ -59,7 +59,7 @@ def fused_logits(model, h: torch.Tensor, branch: torch.Tensor, logits_indices: t
 
 class FusedDecode:
     """MODEL with its layers and head as fused_layer and fused_logits, for steps of at most
-    decode_linear_triton.BLOCK_M tokens; called as the model is. MODEL must be supported (unsupported() is None)."""
+    decode_linear_triton.MAX_ROWS tokens; called as the model is. MODEL must be supported (unsupported() is None)."""
 
     def __init__(self, model) -> None:
         self.model = copy.copy(model)  # the same weight tensors; the model itself keeps its own layer

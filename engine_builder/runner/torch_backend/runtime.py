@@ -130,8 +130,9 @@ class TorchRuntime(Backend):
         fused_mode = environment.read(FUSED_ENV)
         if fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda"):
             self.fused = fused_decode(self.model, self.device)
-        # auto: kept only where a one-token step replays faster than the compiled layer's (settle_fused, before the
-        # first graph); the trial's figures once it ran
+        # steps of up to this many tokens go through it; auto: up to 16 or 64 where a decode step of 1 (and of 64)
+        # replays faster than the compiled layer's (settle_fused, before the first graph), the trial's figures kept
+        self.fused_max_tokens = FUSED_DECODE_MAX_TOKENS if self.fused is not None else 0
         self._fused_untried = fused_mode == "auto" and self.fused is not None
         self.fused_trial: dict | None = None
         self.kv_update = "in_place"
@@ -258,7 +259,7 @@ class TorchRuntime(Backend):
         if images is not None:
             return self.model(token_ids, positions, kv, logits_indices, images)
         model = self.compiled if self.compiled is not None else self.model
-        if self.fused is not None and token_ids.shape[0] <= FUSED_DECODE_MAX_TOKENS:
+        if token_ids.shape[0] <= self.fused_max_tokens:
             model = self.fused
         return model(token_ids, positions, kv, logits_indices)
 
@@ -293,8 +294,10 @@ class TorchRuntime(Backend):
                 self._scratch_step(query, blocks)
         trial = self.settle_fused()
         if progress is not None and trial:
-            progress(f"fused decode layer: {trial['fused_ms']} ms a one-token step, compiled {trial['compiled_ms']} "
-                     f"ms: {'kept' if trial['kept'] else 'dropped'}")
+            steps = ", ".join(f"{rows} rows {t['fused_ms']} ms (compiled {t['compiled_ms']})"
+                              for rows, t in trial["steps"].items())
+            kept = f"kept for steps of up to {trial['max_tokens']} tokens" if trial["max_tokens"] else "dropped"
+            progress(f"fused decode layer: a decode step of {steps}: {kept}")
         capture = self._graphs.capture_all() if self._graphs is not None else 0.0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -303,21 +306,25 @@ class TorchRuntime(Backend):
                       self._graphs.count if self._graphs is not None else 0)
 
     def settle_fused(self) -> dict | None:
-        """TRTBUILD_FUSED_DECODE=auto on CUDA: a one-token decode step captured with the fused layers and with the
-        compiled ones, each replayed; the fused model stays only if it is the faster (a model and GPU where cuBLAS
-        streams the weights faster than the Triton kernel keeps cuBLAS). Once, before the first graph; the trial's
-        figures, or None where there is nothing to try."""
+        """TRTBUILD_FUSED_DECODE=auto on CUDA: decode steps of 1 and of FUSED_DECODE_MAX_TOKENS rows, each captured
+        with the fused layers and with the compiled ones and replayed; the fused model runs steps up to the largest
+        size up to which it was the faster (a model and GPU where cuBLAS streams the weights faster than the Triton
+        kernel keep cuBLAS). Once, before the first graph; the trial's figures, or None where there is nothing to
+        try."""
         if not self._fused_untried:
             return self.fused_trial
         self._fused_untried = False
-        fused = self.fused
-        self.fused = None
-        compiled_ms = self._graphs.replay_ms()
-        self.fused = fused
-        fused_ms = self._graphs.replay_ms()
-        kept = fused_ms <= compiled_ms
-        self.fused = fused if kept else None
-        self.fused_trial = {"fused_ms": round(fused_ms, 4), "compiled_ms": round(compiled_ms, 4), "kept": kept}
+        steps = {}
+        for rows in (1, FUSED_DECODE_MAX_TOKENS):
+            self.fused_max_tokens = 0
+            compiled_ms = self._graphs.replay_ms(rows)
+            self.fused_max_tokens = FUSED_DECODE_MAX_TOKENS
+            steps[rows] = {"fused_ms": round(self._graphs.replay_ms(rows), 4), "compiled_ms": round(compiled_ms, 4)}
+        wins = [rows for rows, t in steps.items() if t["fused_ms"] <= t["compiled_ms"]]
+        # one row speaks for the steps of mma's 16-row tile, FUSED_DECODE_MAX_TOKENS rows for wgmma's up to it
+        self.fused_max_tokens = 0 if 1 not in wins else FUSED_DECODE_MAX_TOKENS if len(wins) == 2 else \
+            min(16, FUSED_DECODE_MAX_TOKENS)
+        self.fused_trial = {"steps": steps, "max_tokens": self.fused_max_tokens}
         return self.fused_trial
 
     def _scratch_step(self, query: int, blocks: int) -> None:

@@ -14,7 +14,7 @@ from triton_interpreter import report_cases, run_interpreted
 triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra brings it)")
 
 # name -> rows M, K, N (output columns; gated: of each half), what is fused, dtype. K and N off the block sizes
-# (the tails' masks), M from one decode token to the kernel's 16 rows.
+# (the tails' masks), M from one decode token to the kernel's 64 rows.
 CASES: dict[str, dict] = {
     "qkv_m1_bf16": dict(m=1, k=200, n=120, residual=True, norm=True, dtype="bfloat16"),
     "gate_up_m3_bf16_bias": dict(m=3, k=96, n=80, residual=True, norm=True, gated=True, bias=True,
@@ -24,6 +24,9 @@ CASES: dict[str, dict] = {
     "head_m2_f32": dict(m=2, k=64, n=320, residual=True, norm=True, dtype="float32"),
     "norm_only_m4_bf16": dict(m=4, k=72, n=40, norm=True, dtype="bfloat16"),
     "gate_up_m7_f32": dict(m=7, k=64, n=96, residual=True, norm=True, gated=True, dtype="float32"),
+    # past 16 rows the tile is 64 (wgmma on Hopper)
+    "gate_up_m33_bf16": dict(m=33, k=96, n=80, residual=True, norm=True, gated=True, dtype="bfloat16"),
+    "o_m64_f16_bias": dict(m=64, k=136, n=72, bias=True, dtype="float16"),
 }
 EPS = 1e-5
 
@@ -119,20 +122,21 @@ def test_matches_the_eager_ops_on_cuda(name):
     _check(run_case(CASES[name], list(CASES).index(name), "cuda"), CASES[name])
 
 
-def test_refuses_more_rows_than_the_tensor_cores_tile():
+def test_refuses_more_rows_than_its_largest_tile():
     import torch
 
     from engine_builder.runner.torch_backend.decode_linear_triton import decode_linear
 
-    with pytest.raises(ValueError, match="at most 16 rows, got 17"):
-        decode_linear(torch.zeros(17, 8), torch.zeros(8, 8))
+    with pytest.raises(ValueError, match="at most 64 rows, got 65"):
+        decode_linear(torch.zeros(65, 8), torch.zeros(8, 8))
 
 
 @pytest.mark.parametrize("const", [
-    dict(dtype="bf16", NORM=True, RESIDUAL=True, GATED=True, HAS_BIAS=True, BLOCK_N=32, BLOCK_K=128),
-    dict(dtype="bf16", NORM=False, RESIDUAL=False, GATED=False, HAS_BIAS=False, BLOCK_N=64, BLOCK_K=64),
-    dict(dtype="fp16", NORM=True, RESIDUAL=True, GATED=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=256),
-], ids=["qkv_gated_bias_bf16", "plain_bf16", "norm_f16"])
+    dict(dtype="bf16", NORM=True, RESIDUAL=True, GATED=True, HAS_BIAS=True, BLOCK_N=32, BLOCK_K=128, BLOCK_M=16),
+    dict(dtype="bf16", NORM=False, RESIDUAL=False, GATED=False, HAS_BIAS=False, BLOCK_N=64, BLOCK_K=64, BLOCK_M=16),
+    dict(dtype="fp16", NORM=True, RESIDUAL=True, GATED=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=256, BLOCK_M=16),
+    dict(dtype="bf16", NORM=True, RESIDUAL=True, GATED=True, HAS_BIAS=False, BLOCK_N=64, BLOCK_K=128, BLOCK_M=64),
+], ids=["qkv_gated_bias_bf16", "plain_bf16", "norm_f16", "gated_64_rows_bf16"])
 def test_builds_for_hopper(const):
     """The interpreter takes what the GPU compiler may refuse (types, shapes, a dot's operands): each fused variant
     must build for sm_90 with a tensor-core dot, and with W's loads pipelined (cp.async into num_stages buffers:
@@ -145,7 +149,7 @@ def test_builds_for_hopper(const):
 
     fn = dl._decode_linear_kernel
     dtype = const.pop("dtype")
-    const.update(PRECISION="tf32", BLOCK_M=dl.BLOCK_M)
+    const.update(PRECISION="tf32")
     sig = {n: "constexpr" if n in const else "*" + dtype if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -153,7 +157,8 @@ def test_builds_for_hopper(const):
     kernel = triton.compile(ASTSource(fn, sig, constexprs=const, attrs=aligned), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 4, "num_stages": 3})
     assert kernel.asm["cubin"], "no cubin"
-    assert "mma.sync" in kernel.asm["ptx"], "the dot did not lower to the tensor cores"
+    # Hopper's tensor cores: mma for a 16-row tile, the warpgroup's wgmma for 64
+    assert ("wgmma.mma_async" if const["BLOCK_M"] == 64 else "mma.sync") in kernel.asm["ptx"], "no tensor-core dot"
     assert "cp.async" in kernel.asm["ptx"], "W's loads are not pipelined"
 
 
