@@ -294,7 +294,7 @@ class TorchRuntime(Backend):
                 self._scratch_step(query, blocks)
         trial = self.settle_fused()
         if progress is not None and trial:
-            steps = ", ".join(f"{rows} rows {t['fused_ms']} ms (compiled {t['compiled_ms']})"
+            steps = ", ".join(f"{rows} row{'s' * (rows > 1)} {t['fused_ms']} ms (compiled {t['compiled_ms']})"
                               for rows, t in trial["steps"].items())
             kept = f"kept for steps of up to {trial['max_tokens']} tokens" if trial["max_tokens"] else "dropped"
             progress(f"fused decode layer: a decode step of {steps}: {kept}")
