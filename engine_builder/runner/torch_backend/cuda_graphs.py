@@ -178,10 +178,10 @@ class StepGraphs:
     def run(self, batch: ModelInput, key: tuple[str, int]) -> torch.Tensor:
         return self._graph(key).run(batch, self.backend.kv.block_table[batch.slots])
 
-    def replay_ms(self, rows: int = 1, replays: int = 20) -> float:
-        """A decode step of ROWS padding rows (the weights' work; no context is read) captured as a graph of its own,
-        then replayed: the median milliseconds of a replay. The graph is dropped: a trial, not a bucket."""
-        graph = _Graph(self.backend, rows, rows, 1, self._pool)
+    def timed(self, key: tuple[str, int], replays: int = 20) -> tuple[_Graph, float]:
+        """KEY's step over padding (the weights' work; no context is read) captured as a graph of its own, not a
+        bucket (adopt_prefill makes a prefill one a bucket), then replayed: the graph, the median ms of a replay."""
+        graph = self._new_graph(key)
         times = []
         for _ in range(replays + 3):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -190,7 +190,12 @@ class StepGraphs:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return float(np.median(times[3:]))  # the first replays warm the caches
+        return graph, float(np.median(times[3:]))  # the first replays warm the caches
+
+    def adopt_prefill(self, tokens: int, graph: _Graph) -> None:
+        """A timed lone prefill of TOKENS tokens from now on a bucket (past the default ones: runtime.py warm_up)."""
+        self._graphs[("prefill", tokens)] = graph
+        self.prefill_sizes = sorted({*self.prefill_sizes, tokens})
 
     def capture_all(self) -> float:
         """Capture every bucket now (a server's warm-up, before requests arrive); the seconds capturing took."""
@@ -200,10 +205,14 @@ class StepGraphs:
 
     def _graph(self, key: tuple[str, int]) -> _Graph:
         if key not in self._graphs:
-            started = time.perf_counter()
-            kind, size = key
-            # a decode bucket: SIZE rows of one token; a prefill bucket: SIZE tokens of one sequence, and the padding's
-            self._graphs[key] = _Graph(self.backend, size, size, 1, self._pool) if kind == "decode" else \
-                _Graph(self.backend, size, 2, size, self._pool)
-            self.capture_seconds += time.perf_counter() - started
+            self._graphs[key] = self._new_graph(key)
         return self._graphs[key]
+
+    def _new_graph(self, key: tuple[str, int]) -> _Graph:
+        started = time.perf_counter()
+        kind, size = key
+        # a decode bucket: SIZE rows of one token; a prefill bucket: SIZE tokens of one sequence, and the padding's
+        graph = _Graph(self.backend, size, size, 1, self._pool) if kind == "decode" else \
+            _Graph(self.backend, size, 2, size, self._pool)
+        self.capture_seconds += time.perf_counter() - started
+        return graph

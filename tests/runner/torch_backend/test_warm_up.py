@@ -56,3 +56,32 @@ def test_a_host_backend_has_nothing_to_warm(engine):
         assert llm.warm_up() is None
     finally:
         llm.close()
+
+
+def test_long_prefill_graphs_are_kept_where_they_beat_the_eager_launch_on_cuda(tiny_engine):
+    """Past the 256-token buckets the warm-up times each longer bucket's replay against the eager launch of the
+    shortest prompt it would take; a 2-layer model of width 64 is launch-bound at any length, so 512 and 1024 stay,
+    and a 600-token prompt through the 1024 bucket gets the eager step's logits."""
+    import numpy as np
+
+    from engine_builder.runner.core.model_input import ModelInput
+    from engine_builder.runner.engine import EngineDir
+    from engine_builder.runner.torch_backend.runtime import TorchRuntime
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the trial replays CUDA graphs)")
+    engine = tiny_engine("llama", Limits(max_batch=2, max_input_len=1024, max_seq_len=1100))[0]
+    backend = TorchRuntime(EngineDir.load(engine), kv_cache_memory=1 << 26)
+    try:
+        lines: list[str] = []
+        backend.warm_up(lines.append)
+        assert backend._graphs.prefill_sizes[-2:] == [512, 1024], lines
+        assert any(line.startswith("prefill graphs past 256 tokens: 512 kept") for line in lines), lines
+        prompt = np.random.default_rng(0).integers(3, 300, (1, 600))
+        slot = backend.kv.allocate(0, 600, 8)
+        batch = ModelInput.rows(slot, prompt, backend.kv.lengths[slot:slot + 1])
+        assert backend._graphs.bucket(batch) == ("prefill", 1024)
+        graphed = backend.forward(batch).clone()
+        torch.testing.assert_close(graphed, backend._eager(batch), rtol=0, atol=1e-4)
+    finally:
+        backend.close()
