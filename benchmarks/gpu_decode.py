@@ -235,7 +235,8 @@ def ours(engine: Path, args, vocab: int, out: dict, save) -> dict:
     llm = LLM(engine, backend="torch", verify=False)
     out.update(load_s=round(time.perf_counter() - started, 2), backend=llm.backend_name)
     warm = llm.warm_up(log)  # what serve does before it listens
-    out["fused_trial"] = getattr(llm.backend, "fused_trial", None)  # the fused decode layer's timing at warm-up
+    fused = getattr(llm.backend, "fused", None)
+    out["fused_trial"] = fused.trial if fused is not None else None  # the fused decode layer's timing at warm-up
     if warm is not None:
         out.update(warm_up_s=round(warm.seconds, 2), torch_compile_s=round(warm.compile_seconds, 2),
                    cuda_graph_capture_s=round(warm.capture_seconds, 2), cuda_graphs=warm.graphs)

@@ -44,8 +44,9 @@ from engine_builder.runner.torch_backend.device_kv_attention import (
     slot_mapping,
 )
 from engine_builder.runner.torch_backend.model import ImageSplice, PagedKV, TorchDecoder
+from engine_builder.runner.torch_backend.step_trials import FusedChoice, describe_long_prefills, long_prefill_graphs
 from engine_builder.runner.torch_backend.tensor_parallel import TensorParallel
-from engine_builder.runner.tunables import FUSED_DECODE_MAX_TOKENS, TORCH_KV_BLOCK_SIZE
+from engine_builder.runner.tunables import TORCH_KV_BLOCK_SIZE
 from engine_builder.util import environment
 from engine_builder.util.errors import InputError
 
@@ -125,16 +126,11 @@ class TorchRuntime(Backend):
 
             self.compiled = CompiledForward(self.model)
         # steps of few tokens on CUDA: the layers as six Triton launches each (fused_decode.py), where the layer is
-        # llama-shaped; on a CPU only when asked, under Triton's interpreter (its tests)
-        self.fused = None
+        # llama-shaped and (auto) a trial finds it faster (step_trials.py); on a CPU only when asked, under Triton's
+        # interpreter (its tests)
         fused_mode = environment.read(FUSED_ENV)
-        if fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda"):
-            self.fused = fused_decode(self.model, self.device)
-        # steps of up to this many tokens go through it; auto: up to 16 or 64 where a decode step of 1 (and of 64)
-        # replays faster than the compiled layer's (settle_fused, before the first graph), the trial's figures kept
-        self.fused_max_tokens = FUSED_DECODE_MAX_TOKENS if self.fused is not None else 0
-        self._fused_untried = fused_mode == "auto" and self.fused is not None
-        self.fused_trial: dict | None = None
+        on = fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda")
+        self.fused = FusedChoice(fused_decode(self.model, self.device) if on else None, trial=fused_mode == "auto")
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
@@ -216,7 +212,7 @@ class TorchRuntime(Backend):
             torch.set_num_threads(1)
         key = self._graphs.bucket(batch) if self._graphs is not None and batch.images is None else None
         if key is not None:
-            self.settle_fused()
+            self.fused.settle(self._graphs)  # before the first graph: which steps the fused model runs
             return self._graphs.run(batch, key)
         return self._eager(batch)
 
@@ -259,8 +255,8 @@ class TorchRuntime(Backend):
         if images is not None:
             return self.model(token_ids, positions, kv, logits_indices, images)
         model = self.compiled if self.compiled is not None else self.model
-        if token_ids.shape[0] <= self.fused_max_tokens:
-            model = self.fused
+        if token_ids.shape[0] <= self.fused.max_tokens:
+            model = self.fused.model
         return model(token_ids, positions, kv, logits_indices)
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> WarmUp | None:
@@ -273,7 +269,7 @@ class TorchRuntime(Backend):
             return None
         if progress is not None:
             what = ["torch.compile of the layers"] if self.compiled is not None else []
-            if self.fused is not None:
+            if self.fused.model is not None:
                 what.append("the fused decode kernels' autotune")
             if self._graphs is not None:
                 g = self._graphs
@@ -293,69 +289,19 @@ class TorchRuntime(Backend):
         for query in sorted(queries):
             for blocks in sorted({-(-query // self.layout.block_size), width}):  # a short and the longest table
                 self._scratch_step(query, blocks)
-        trial = self.settle_fused()
-        if progress is not None and trial:
-            steps = ", ".join(f"{rows} row{'s' * (rows > 1)} {t['fused_ms']} ms (compiled {t['compiled_ms']})"
-                              for rows, t in trial["steps"].items())
-            kept = f"kept for steps of up to {trial['max_tokens']} tokens" if trial["max_tokens"] else "dropped"
-            progress(f"fused decode layer: a decode step of {steps}: {kept}")
-        capture = self._graphs.capture_all() if self._graphs is not None else 0.0
-        long_prefills = self._long_prefill_graphs()
+        capture, long_prefills = 0.0, []
+        if self._graphs is not None:
+            if self.fused.settle(self._graphs) and progress is not None:
+                progress(self.fused.describe())
+            capture = self._graphs.capture_all()
+            long_prefills = long_prefill_graphs(self._graphs, self.max_input_len, self._eager_ms)
         if progress is not None and long_prefills:
-            progress("prefill graphs past 256 tokens: " + ", ".join(
-                f"{t} {'kept' if kept else 'not kept'} (replay {replay} ms, eager {eager} ms)"
-                for t, replay, eager, kept in long_prefills))
+            progress(describe_long_prefills(long_prefills))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         compile_s = (self.compiled.seconds if self.compiled is not None else 0.0) - compile_before
         return WarmUp(time.perf_counter() - started, compile_s, capture,
                       self._graphs.count if self._graphs is not None else 0)
-
-    def settle_fused(self) -> dict | None:
-        """TRTBUILD_FUSED_DECODE=auto on CUDA: decode steps of 1 and of FUSED_DECODE_MAX_TOKENS rows, each captured
-        with the fused layers and with the compiled ones and replayed; the fused model runs steps up to the largest
-        size up to which it was the faster (a model and GPU where cuBLAS streams the weights faster than the Triton
-        kernel keep cuBLAS). Once, before the first graph; the trial's figures, or None where there is nothing to
-        try."""
-        if not self._fused_untried:
-            return self.fused_trial
-        self._fused_untried = False
-        steps = {}
-        for rows in (1, FUSED_DECODE_MAX_TOKENS):
-            self.fused_max_tokens = 0
-            compiled_ms = self._graphs.timed(("decode", rows))[1]
-            self.fused_max_tokens = FUSED_DECODE_MAX_TOKENS
-            fused_ms = self._graphs.timed(("decode", rows))[1]
-            steps[rows] = {"fused_ms": round(fused_ms, 4), "compiled_ms": round(compiled_ms, 4)}
-        wins = [rows for rows, t in steps.items() if t["fused_ms"] <= t["compiled_ms"]]
-        # one row speaks for the steps of mma's 16-row tile, FUSED_DECODE_MAX_TOKENS rows for wgmma's up to it
-        self.fused_max_tokens = 0 if 1 not in wins else FUSED_DECODE_MAX_TOKENS if len(wins) == 2 else \
-            min(16, FUSED_DECODE_MAX_TOKENS)
-        self.fused_trial = {"steps": steps, "max_tokens": self.fused_max_tokens}
-        return self.fused_trial
-
-    def _long_prefill_graphs(self) -> list[tuple[int, float, float, bool]]:
-        """Lone prefills past the default buckets (cuda_graphs.prefill_buckets: up to 256 tokens): 512, 1024, ..
-        tokens and max_input_len, each captured and kept as a bucket where its replay is faster than the eager launch
-        of the shortest prompt it would take (the previous bucket's length + 1: the most padding). A small model's
-        prefill is bound by launching its kernels (SmolLM2's 1,024 tokens: 16.9 ms launched, 5.4 ms of GPU work on
-        an H100), a large one's by the GPU, where padding costs: the first bucket not kept ends the trial. (tokens,
-        replay ms, eager ms, kept) each."""
-        if self._graphs is None or not self._graphs.prefill_sizes:
-            return []
-        last = self._graphs.prefill_sizes[-1]
-        sizes = [t for t in (512, 1024, 2048, 4096, 8192, 16384) if last < t < self.max_input_len]
-        sizes += [self.max_input_len] if self.max_input_len > last else []
-        out = []
-        for tokens in sizes:
-            eager = self._eager_ms(last + 1)
-            graph, replay = self._graphs.timed(("prefill", tokens))
-            out.append((tokens, round(replay, 3), round(eager, 3), replay < eager))
-            if replay >= eager:
-                break
-            self._graphs.adopt_prefill(tokens, graph)
-            last = tokens
-        return out
 
     def _eager_ms(self, query: int, runs: int = 3) -> float:
         """The median wall milliseconds of a scratch step of QUERY tokens launched eagerly (the compiled layers)."""

@@ -99,17 +99,17 @@ def llm_case(engine: str) -> dict:
         out, steps = {}, 0
         for speculative in (None, "ngram"):
             llm = LLM(engine, backend="torch", speculative=speculative)
-            fused = llm.backend.fused
+            fused = llm.backend.fused.model
             assert (fused is not None) == (mode == "on"), mode
             if fused is not None:
-                llm.backend.fused = Counting(fused)
+                llm.backend.fused.model = Counting(fused)
             if speculative is None:
                 out["greedy"] = [list(o.token_ids) for o in llm.generate(prompt_token_ids=LLM_PROMPTS, params=greedy)]
                 one = llm.generate(prompt_token_ids=LLM_PROMPTS[:1], params=sampled)[0]
                 out["sampled"] = [list(one.token_ids), [round(lp.logprob, 4) for lp in one.logprobs]]
             else:
                 out["ngram"] = list(llm.generate(prompt_token_ids=[REPEATS], params=greedy)[0].token_ids)
-            steps += llm.backend.fused.steps if fused is not None else 0
+            steps += llm.backend.fused.model.steps if fused is not None else 0
             llm.close()
         got[mode] = {**out, "fused_steps": steps}
     return got
@@ -159,10 +159,10 @@ def test_auto_keeps_the_faster_way_on_cuda(tiny_engine, monkeypatch):
     llm = LLM(tiny_engine("llama")[0], backend="torch")
     try:
         llm.warm_up()
-        trial = llm.backend.fused_trial
+        trial = llm.backend.fused.trial
         assert set(trial["steps"]) == {1, 64} and all(v > 0 for t in trial["steps"].values() for v in t.values())
         wins = [rows for rows, t in trial["steps"].items() if t["fused_ms"] <= t["compiled_ms"]]
-        assert trial["max_tokens"] == llm.backend.fused_max_tokens == (0 if 1 not in wins else max(wins) if
+        assert trial["max_tokens"] == llm.backend.fused.max_tokens == (0 if 1 not in wins else max(wins) if
                                                                        len(wins) == 2 else 16), trial
     finally:
         llm.close()
