@@ -1,11 +1,12 @@
 """A decode step's linear as one Triton kernel, with the residual add and RMSNorm before it and the gated
-activation after it fused in: decode_layer.py's building block.
+activation after it fused in: fused_decode.py's building block.
 
-At batch 1 a compiled SmolLM2 decode step still ran ~10 kernels a layer after the fewer-kernels work: a norm, four
-cuBLAS gemms (nvjet at M=1, ~3.8 µs each, ~5x the time their 0.7-3.5 MB of weights take to stream), the
-activation, rotary + write, attention (benchmarks/results/gpu-step-profile-compiled-h100-2026-12-05.txt). A layer
-through this kernel is six launches: [add + norm + qkv], rotary + write, attention, [o], [add + norm + gate_up +
-act * up], [down].
+The sixth session's H100 profile of a compiled SmolLM2 decode step at batch 1 had ~16 kernels a layer
+(benchmarks/results/gpu-step-profile-compiled-h100-2026-12-05.txt); after the rotary + write kernel, the
+in-launch split-K combine and the deferred residual add, ~10 remain by the profile's kernel names: a norm, four
+cuBLAS gemms (nvjet at M=1, ~3.8 us each, ~5x the time their 0.7-3.5 MB of weights take to stream), the
+activation, rotary + write, attention. A layer through this kernel is six launches: [add + norm + qkv], rotary +
+write, attention, [o], [add + norm + gate_up + act * up], [down].
 
     y = linear(norm(x + r), W, b)       (NORM, RESIDUAL; s = x + r is also written: the stream)
     y = act(gate) * up                  (GATED: gate, up = the two halves of W's rows, as layers.gated_mlp)
@@ -13,9 +14,8 @@ act * up], [down].
 For the few tokens of a decode step (M <= MAX_ROWS): program n holds output columns [n * BLOCK_N, ...) for every
 row, streams its slice of W once over K, and multiplies on the tensor cores with the rows padded to 16 (mma), or
 to 64 past 16 rows (Hopper's wgmma): M=1 wastes compute, which a decode step has to spare; the bytes of W are the
-cost. The norm
-needs each row's mean square first, so a program reads its rows twice (K values each, from L2: nothing beside W);
-the first program writes the new stream in that first pass.
+cost. The norm needs each row's mean square first, so a program reads its rows twice (K values each, from L2:
+nothing beside W); the first program writes the new stream in that first pass.
 
 Rounding as transformers' eager modules round, so the float32 CPU path and a 16-bit GPU agree to the products' sum
 order: the residual sum to the model dtype; llama's RMSNorm (x * rsqrt(mean(x^2) + eps)) to the model dtype, then

@@ -1,5 +1,6 @@
-"""The model for steps of few tokens (decode, speculative verify, a short prefill tail): each layer as six Triton
-launches, where torch.compile's layer is ~10 at batch 1 (decode_linear_triton.py says which).
+"""The model for steps of few tokens (decode, speculative verify, a short prefill): each layer as six Triton
+launches, where the compiled layer is ~10 at batch 1 by the last profile's kernel names (decode_linear_triton.py
+says which).
 
     [add + norm + qkv]  rotary + KV write  attention  [o]  [add + norm + gate_up + silu * up]  [down]
 
