@@ -19,8 +19,6 @@ import copy
 
 import torch
 
-from engine_builder.runner.torch_backend.decode_linear_triton import decode_linear
-
 
 def unsupported(model) -> str | None:
     """Why MODEL's layers cannot run as fused_layer, or None where they can."""
@@ -42,6 +40,8 @@ def unsupported(model) -> str | None:
 def fused_layer(model, x: torch.Tensor, last: torch.Tensor, w, table, cos_sin, window: int | None,
                 k_pool: torch.Tensor, v_pool: torch.Tensor, kv, image_ids: torch.Tensor | None = None):
     """model._decoder_layer's contract (x, last -> this layer's stream and branch) in six launches."""
+    from engine_builder.runner.torch_backend.decode_linear_triton import decode_linear  # Triton: not for unsupported()
+
     eps = model.cfg.block.norm.eps
     qkv, x = decode_linear(x, w.attn.qkv, w.attn.qkv_bias, residual=last, norm_weight=w.attn_norm.weight, eps=eps)
     out = model._attend(qkv, w.attn, table, cos_sin, window, k_pool, v_pool, kv, image_ids)
@@ -53,6 +53,8 @@ def fused_layer(model, x: torch.Tensor, last: torch.Tensor, w, table, cos_sin, w
 
 def fused_logits(model, h: torch.Tensor, branch: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
     """model._logits' contract: the last layer's pair [T, hidden] -> logits [N, vocab] float32."""
+    from engine_builder.runner.torch_backend.decode_linear_triton import decode_linear
+
     logits, _ = decode_linear(h[logits_indices], model.lm_head, residual=branch[logits_indices],
                               norm_weight=model.final_norm.weight, eps=model.cfg.block.norm.eps)
     return logits.float()

@@ -130,7 +130,8 @@ class TorchRuntime(Backend):
         # interpreter (its tests)
         fused_mode = environment.read(FUSED_ENV)
         on = fused_mode == "on" or (fused_mode == "auto" and self.device.type == "cuda")
-        self.fused = FusedChoice(fused_decode(self.model, self.device) if on else None, trial=fused_mode == "auto")
+        self.fused = FusedChoice(fused_decode(self.model, self.device, asked=fused_mode == "on") if on else None,
+                                 trial=fused_mode == "auto")
         self.kv_update = "in_place"
         self.execute_seconds = 0.0
         self._gpu_memory_utilization: float | None = None  # the device's default (size_kv_by_device sets it)
@@ -358,12 +359,17 @@ def _image_runs(images: ImageEmbeds, num_tokens: int) -> np.ndarray:
     return np.where(mask, np.cumsum(starts), 0).astype(np.int64)
 
 
-def fused_decode(model: TorchDecoder, device: torch.device):
-    """fused_decode.py's model for steps of few tokens, or None where the model's layer is not llama-shaped. On a CPU
-    Triton runs only interpreted: an InputError naming TRITON_INTERPRET without it."""
+def fused_decode(model: TorchDecoder, device: torch.device, *, asked: bool):
+    """fused_decode.py's model for steps of few tokens, or None where the model's layer is not llama-shaped (ASKED,
+    TRTBUILD_FUSED_DECODE=on: an InputError saying what it has instead). On a CPU Triton runs only interpreted: an
+    InputError naming TRITON_INTERPRET without it."""
+    from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
+
+    why = unsupported(model)
+    if why is not None and asked:
+        raise InputError(f"{FUSED_ENV}=on: this {model.cfg.architecture} model's layer has {why}, which the fused "
+                         f"decode layer does not run; unset it (auto runs the compiled layer for such a model)")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(f"{FUSED_ENV}=on runs Triton kernels, which need a CUDA GPU (or TRITON_INTERPRET=1, Triton's "
                          f"slow CPU interpreter, for tests); unset it on this {device.type} machine")
-    from engine_builder.runner.torch_backend.fused_decode import FusedDecode, unsupported
-
-    return FusedDecode(model) if unsupported(model) is None else None
+    return FusedDecode(model) if why is None else None

@@ -168,6 +168,16 @@ def test_auto_keeps_the_faster_way_on_cuda(tiny_engine, monkeypatch):
         llm.close()
 
 
+def test_on_refuses_a_layer_it_cannot_run(tiny_engine, monkeypatch):
+    from engine_builder import LLM
+    from engine_builder.util.errors import InputError
+
+    monkeypatch.setenv("TRTBUILD_FUSED_DECODE", "on")
+    with pytest.raises(InputError, match=r"TRTBUILD_FUSED_DECODE=on: this gemma2 model's layer has a norm weight "
+                                         r"offset \(gemma\), sandwich norms, .*; unset it"):
+        LLM(tiny_engine("gemma2")[0], backend="torch")
+
+
 def test_on_needs_a_gpu_or_the_interpreter(tiny_engine, monkeypatch):
     from engine_builder import LLM
     from engine_builder.util.errors import InputError
